@@ -1,0 +1,33 @@
+# kvsource: `make demo` runs the fleet replay, `make test` runs every test.
+# Both install what is missing first (scripts/deps.sh).
+
+GO       ?= go
+BENCH    ?= .
+BENCHTIME ?= 1s
+
+.PHONY: all deps build test bench demo fuzz
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+build: deps
+	$(GO) build ./...
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 9m ./...
+
+# Benchmarks and long soaks; see BENCHMARKS.md for the numbers and machine.
+bench: deps
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem -timeout 60m ./...
+
+demo: deps
+	$(GO) run ./examples/fleetreplay
+
+# Short fuzzing pass over every decoder (make fuzz FUZZTIME=5m for longer).
+FUZZTIME ?= 30s
+fuzz: deps
+	$(GO) test ./hashing -run '^$$' -fuzz FuzzCBOR -fuzztime $(FUZZTIME)
+	$(GO) test ./events -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)

@@ -1,0 +1,26 @@
+// Package kvsource is an embeddable SDK that lets an LLM router move KV cache
+// instead of recomputing it.
+//
+// A fleet of vLLM pods caches the KV of prompt prefixes per pod, on GPU and in
+// a CPU offload tier. A router that knows which pod holds which blocks can send
+// a request where its prefix is cached, or, when load or the prefill/decode
+// split sends it elsewhere, tell the chosen pod which peer to pull the missing
+// prefix from instead of recomputing it. The rule: local hits first; a peer
+// pull when locality breaks and the pull is cheaper than recompute; nothing
+// when it is not.
+//
+// The packages follow the data flow:
+//
+//	hashing   block keys of a prompt, bit-identical to vLLM
+//	events    vLLM's KV events over ZMQ, with gap detection and replay
+//	index     which holder (pod, rank) holds which block in which tier
+//	picker    prefix scores and the pull decision
+//	transfer  moving blocks: vLLM's P2P protocol, NIXL, an in-memory fake
+//
+// A router hashes the prompt, asks the picker, and applies the decision:
+//
+//	h, _ := hashing.New(hashing.Config{})          // vLLM's defaults
+//	keys, _ := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+//	d := p.Pick(picker.Request{Model: model, Keys: keys, Destination: chosen})
+//	if d.Reason == picker.ReasonPull { /* send d.Header() with the request */ }
+package kvsource

@@ -1,0 +1,26 @@
+package index
+
+import "strconv"
+
+// Holder identifies one cache: a vLLM engine process, named by the pod address
+// the router uses for it and its data-parallel rank. Ranks of one pod have
+// separate caches, so they are separate holders.
+type Holder struct {
+	Pod  string
+	Rank int
+}
+
+// String renders the holder as "pod" for rank 0 and "pod#rank" otherwise.
+func (h Holder) String() string {
+	if h.Rank == 0 {
+		return h.Pod
+	}
+	return h.Pod + "#" + strconv.Itoa(h.Rank)
+}
+
+// Tiers vLLM reports in KV events. Engines may report other media; the index
+// takes any non-empty string.
+const (
+	TierGPU = "GPU"
+	TierCPU = "CPU"
+)
