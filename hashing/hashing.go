@@ -1,0 +1,528 @@
+package hashing
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
+)
+
+// Algo names a block hash algorithm. The vLLM algorithms are spelled as
+// vLLM's --prefix-caching-hash-algo values.
+type Algo string
+
+// The supported algorithms.
+const (
+	// SHA256 is vLLM's default: SHA-256 of CPython's pickle (protocol 5).
+	SHA256 Algo = "sha256"
+	// SHA256CBOR is SHA-256 of canonical CBOR.
+	SHA256CBOR Algo = "sha256_cbor"
+	// XXHash is XXH3-128 of CPython's pickle (protocol 5).
+	XXHash Algo = "xxhash"
+	// XXHashCBOR is XXH3-128 of canonical CBOR.
+	XXHashCBOR Algo = "xxhash_cbor"
+	// SHA256CBOR64 is the legacy sha256_cbor_64bit of vLLM 0.10.0-0.10.1:
+	// the low 64 bits of SHA-256 of canonical CBOR, chained as integers.
+	SHA256CBOR64 Algo = "sha256_cbor_64bit"
+	// Content is kvsource's own chained xxh64 content key, for engines whose
+	// block hashes a router cannot reproduce. No engine computes it.
+	Content Algo = "content"
+)
+
+// Algos lists every supported algorithm, vLLM's first.
+var Algos = []Algo{SHA256, SHA256CBOR, XXHash, XXHashCBOR, SHA256CBOR64, Content}
+
+// Defaults, as vLLM's.
+const (
+	// DefaultSeed is the seed vLLM uses for the SHA-256 algorithms when
+	// PYTHONHASHSEED is unset.
+	DefaultSeed = "vllm-none-hash"
+	// DefaultBlockSize is vLLM's default block size in tokens.
+	DefaultBlockSize = 16
+)
+
+// Errors that callers branch on. Returned errors wrap them.
+var (
+	// ErrUnknownAlgo reports an algorithm name this package does not know.
+	ErrUnknownAlgo = errors.New("hashing: unknown algorithm")
+	// ErrSeedRequired reports an xxhash algorithm configured without a seed:
+	// such an engine hashes with a random seed no router can reproduce.
+	ErrSeedRequired = errors.New("hashing: xxhash algorithms need an explicit seed")
+	// ErrBlockSize reports a block size below 1.
+	ErrBlockSize = errors.New("hashing: block size must be at least 1")
+	// ErrNeedDigest reports a chain continuation from an event key for an
+	// algorithm whose parent is a full digest that the key does not determine.
+	ErrNeedDigest = errors.New("hashing: continuing this algorithm's chain needs the parent's full digest")
+	// ErrExtraKeys reports explicit per-block extra keys that do not cover
+	// every full block.
+	ErrExtraKeys = errors.New("hashing: extra keys missing for a full block")
+	// ErrMMItem reports a multimodal item with a negative offset or length.
+	ErrMMItem = errors.New("hashing: invalid multimodal item")
+	// ErrExtraMode reports an operation that mixes explicit per-block extra
+	// keys with extra keys derived from LoRA, salt and multimodal items.
+	ErrExtraMode = errors.New("hashing: explicit and derived extra keys mixed")
+)
+
+// Config selects the algorithm, seed and block size. The zero value is vLLM's
+// default configuration.
+type Config struct {
+	// Algo is the algorithm; "" means SHA256.
+	Algo Algo
+	// Seed is the engine's PYTHONHASHSEED string; "" means DefaultSeed,
+	// except for XXHash and XXHashCBOR, which require it.
+	Seed string
+	// BlockSize is the number of tokens per block; 0 means DefaultBlockSize.
+	BlockSize int
+}
+
+// MMItem is a multimodal item of a prompt: its identifier (vLLM's mm hash) and
+// the token range [Offset, Offset+Length) of its placeholder tokens.
+type MMItem struct {
+	ID             string
+	Offset, Length int
+}
+
+// Request is what determines a prompt's block hashes.
+type Request struct {
+	// Tokens are the prompt's token ids. Only full blocks are hashed.
+	Tokens []uint32
+	// LoRAName is the LoRA adapter's name, an extra key of every block;
+	// "" means no LoRA.
+	LoRAName string
+	// CacheSalt is an extra key of block 0; "" means none.
+	CacheSalt string
+	// MM are the multimodal items, sorted by Offset; an unsorted slice is
+	// stably sorted in a copy.
+	MM []MMItem
+	// Extra, when non-nil, is the complete extra-keys tuple of each block
+	// (nil or empty meaning None: vLLM never hashes an empty tuple) and replaces the keys derived from LoRAName,
+	// CacheSalt and MM, which must then be empty. It is what a KV event's
+	// extra_keys carries, and how callers pass what the SDK does not model,
+	// such as the SHA-256 digests of prompt-embedding slices. It must cover
+	// every full block; entries past the last full block are ignored.
+	Extra [][]ExtraKey
+}
+
+// Digest is a block's full hash: 32 bytes for the SHA-256 algorithms, 16 for
+// the XXH3-128 ones, and the 8-byte big-endian value for SHA256CBOR64 and
+// Content. The zero Digest is empty.
+type Digest struct {
+	n uint8
+	b [32]byte
+}
+
+// DigestOf returns b as a Digest. It fails when b is empty or longer than 32
+// bytes.
+func DigestOf(b []byte) (Digest, error) {
+	var d Digest
+	if len(b) == 0 || len(b) > len(d.b) {
+		return d, fmt.Errorf("hashing: digest of %d bytes, want 1 to 32", len(b))
+	}
+	d.n = uint8(copy(d.b[:], b))
+	return d, nil
+}
+
+// ParseDigest parses a hex digest as printed by Digest.String.
+func ParseDigest(s string) (Digest, error) {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		return Digest{}, fmt.Errorf("hashing: parse digest: %w", err)
+	}
+	return DigestOf(b)
+}
+
+func digest64(v uint64) Digest {
+	d := Digest{n: 8}
+	binary.BigEndian.PutUint64(d.b[:], v)
+	return d
+}
+
+// Len returns the digest's length in bytes.
+func (d Digest) Len() int { return int(d.n) }
+
+// Bytes returns a copy of the digest's bytes.
+func (d Digest) Bytes() []byte { return slices.Clone(d.b[:d.n]) }
+
+// AppendTo appends the digest's bytes to dst.
+func (d Digest) AppendTo(dst []byte) []byte { return append(dst, d.b[:d.n]...) }
+
+// String returns the digest in lowercase hex.
+func (d Digest) String() string { return hex.EncodeToString(d.b[:d.n]) }
+
+// Key returns the event form of the digest: its last 8 bytes read big-endian,
+// what vLLM puts in KV events.
+func (d Digest) Key() uint64 {
+	var v uint64
+	start := max(int(d.n)-8, 0)
+	for _, c := range d.b[start:d.n] {
+		v = v<<8 | uint64(c)
+	}
+	return v
+}
+
+// Block is one hashed block.
+type Block struct {
+	// Key is the event form of the hash (Digest.Key).
+	Key uint64
+	// Digest is the full hash, the parent of the next block.
+	Digest Digest
+	// Extra is the block's extra-keys tuple; nil means None.
+	Extra []ExtraKey
+}
+
+// Hasher computes the block hashes of one configuration. It is safe for
+// concurrent use.
+type Hasher struct {
+	cfg  Config
+	root Digest // the parent of block 0: vLLM's NONE_HASH, or Content's root
+	enc  encoding
+	pool sync.Pool // *scratch
+}
+
+type encoding uint8
+
+const (
+	encPickle encoding = iota
+	encCBOR
+	encContent
+)
+
+// scratch is the per-call working memory, pooled so that hashing allocates
+// nothing per block.
+type scratch struct {
+	buf []byte
+	mm  []int
+	ex  extraSource
+}
+
+// New returns a Hasher for cfg.
+func New(cfg Config) (*Hasher, error) {
+	if cfg.Algo == "" {
+		cfg.Algo = SHA256
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultBlockSize
+	}
+	if cfg.BlockSize < 1 {
+		return nil, fmt.Errorf("%w: %d", ErrBlockSize, cfg.BlockSize)
+	}
+	h := &Hasher{}
+	switch cfg.Algo {
+	case SHA256, XXHash:
+		h.enc = encPickle
+	case SHA256CBOR, XXHashCBOR, SHA256CBOR64:
+		h.enc = encCBOR
+	case Content:
+		h.enc = encContent
+	default:
+		return nil, fmt.Errorf("%w: %q", ErrUnknownAlgo, cfg.Algo)
+	}
+	if cfg.Seed == "" {
+		if cfg.Algo == XXHash || cfg.Algo == XXHashCBOR {
+			return nil, fmt.Errorf("%w: %s", ErrSeedRequired, cfg.Algo)
+		}
+		cfg.Seed = DefaultSeed
+	}
+	h.cfg = cfg
+	h.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
+	h.root = h.hashSeed()
+	return h, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (h *Hasher) Config() Config { return h.cfg }
+
+// Root returns the parent of block 0: vLLM's NONE_HASH, the hash of the seed.
+func (h *Hasher) Root() Digest { return h.root }
+
+func (h *Hasher) hashSeed() Digest {
+	var buf []byte
+	switch h.enc {
+	case encPickle:
+		buf = appendPickleValue(buf, h.cfg.Seed)
+	case encCBOR:
+		buf = appendCBORString(buf, h.cfg.Seed)
+	case encContent:
+		return digest64(xxhash.Sum64String(h.cfg.Seed))
+	}
+	return h.sum(buf)
+}
+
+// sum hashes an encoded value.
+func (h *Hasher) sum(buf []byte) Digest {
+	var d Digest
+	switch h.cfg.Algo {
+	case SHA256, SHA256CBOR:
+		d.n = sha256.Size
+		d.b = sha256.Sum256(buf)
+	case SHA256CBOR64:
+		s := sha256.Sum256(buf)
+		d.n = 8
+		copy(d.b[:8], s[24:])
+	case XXHash, XXHashCBOR:
+		v := xxh3.Hash128(buf)
+		d.n = 16
+		binary.BigEndian.PutUint64(d.b[0:], v.Hi)
+		binary.BigEndian.PutUint64(d.b[8:], v.Lo)
+	case Content:
+		d = digest64(xxhash.Sum64(buf))
+	}
+	return d
+}
+
+// BlockKeys appends to dst[:0] the event-form key of every full block of req
+// and returns the extended slice.
+func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
+	dst = dst[:0]
+	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize)
+	if err != nil {
+		return dst, err
+	}
+	c := chain{parent: h.root}
+	h.walk(&c, req.Tokens, &d, req.Extra, func(d Digest, _ *extraSource) {
+		dst = append(dst, d.Key())
+	})
+	return dst, nil
+}
+
+// Blocks appends to dst[:0] every full block of req, with its digest and
+// extra keys, and returns the extended slice. Unlike BlockKeys it allocates
+// the extra-key tuples of the blocks that have any.
+func (h *Hasher) Blocks(dst []Block, req Request) ([]Block, error) {
+	return h.blocks(dst, chain{parent: h.root}, req)
+}
+
+// BlockKeysFrom is BlockKeys for the blocks that follow a block known only by
+// its event-form key parent, as a KV event's parent_block_hash gives it.
+// Only Content and SHA256CBOR64 chain on a value the key determines; other
+// algorithms return ErrNeedDigest (continue those with BlocksFrom or a
+// Prefix). req.Tokens start at the first block after parent, MM offsets are
+// relative to that start, and CacheSalt is ignored: only block 0 carries it.
+func (h *Hasher) BlockKeysFrom(dst []uint64, parent uint64, req Request) ([]uint64, error) {
+	dst = dst[:0]
+	if h.cfg.Algo != Content && h.cfg.Algo != SHA256CBOR64 {
+		return dst, fmt.Errorf("%w: %s", ErrNeedDigest, h.cfg.Algo)
+	}
+	req.CacheSalt = ""
+	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize)
+	if err != nil {
+		return dst, err
+	}
+	c := chain{parent: digest64(parent)}
+	h.walk(&c, req.Tokens, &d, req.Extra, func(d Digest, _ *extraSource) {
+		dst = append(dst, d.Key())
+	})
+	return dst, nil
+}
+
+// BlocksFrom is Blocks for the blocks that follow the block whose full digest
+// is parent, for any algorithm; req is as for BlockKeysFrom.
+func (h *Hasher) BlocksFrom(dst []Block, parent Digest, req Request) ([]Block, error) {
+	if parent.n != h.root.n {
+		return dst[:0], fmt.Errorf("hashing: parent digest of %d bytes, %s chains %d", parent.n, h.cfg.Algo, h.root.n)
+	}
+	req.CacheSalt = ""
+	return h.blocks(dst, chain{parent: parent}, req)
+}
+
+func (h *Hasher) blocks(dst []Block, c chain, req Request) ([]Block, error) {
+	dst = dst[:0]
+	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize)
+	if err != nil {
+		return dst, err
+	}
+	h.walk(&c, req.Tokens, &d, req.Extra, func(d Digest, ex *extraSource) {
+		dst = append(dst, Block{Key: d.Key(), Digest: d, Extra: ex.materialise()})
+	})
+	return dst, nil
+}
+
+// chain is where a chain of blocks stands: the digest of its last block, the
+// token position of its next block and the multimodal cursor.
+type chain struct {
+	parent Digest
+	pos    int
+	cur    mmCursor
+}
+
+// derived are the request options that extra keys are derived from.
+type derived struct {
+	lora, salt string
+	mm         []MMItem // sorted, positions relative to the chain's start
+}
+
+// walk hashes every full block of tokens, which start at c.pos, advancing c.
+// Block i's extra keys are extra[i] when extra is non-nil, else derived from
+// d. emit is called for each block in order.
+func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey, emit func(d Digest, ex *extraSource)) {
+	s := h.pool.Get().(*scratch)
+	defer h.pool.Put(s)
+	bs := h.cfg.BlockSize
+	for i := range len(tokens) / bs {
+		start := c.pos
+		ex := &s.ex
+		*ex = extraSource{}
+		if extra != nil {
+			ex.explicit, ex.keys = true, extra[i]
+		} else {
+			ex.lora = d.lora
+			if start == 0 {
+				ex.salt = d.salt
+			}
+			s.mm = c.cur.advance(s.mm[:0], d.mm, start, start+bs)
+			ex.mm, ex.mmIdx, ex.start = d.mm, s.mm, start
+		}
+		c.parent = h.hashBlock(s, c.parent, tokens[i*bs:i*bs+bs], ex)
+		c.pos += bs
+		emit(c.parent, ex)
+	}
+	// Drop references to the caller's data before the scratch is reused.
+	s.ex = extraSource{}
+}
+
+// prepare validates req for n full blocks and returns its derived options.
+func prepare(req *Request, n int) (derived, error) {
+	if err := checkExtra(*req, n); err != nil {
+		return derived{}, err
+	}
+	mm, err := sortedMM(req.MM)
+	if err != nil {
+		return derived{}, err
+	}
+	return derived{lora: req.LoRAName, salt: req.CacheSalt, mm: mm}, nil
+}
+
+func checkExtra(req Request, blocks int) error {
+	if req.Extra == nil {
+		return nil
+	}
+	if req.LoRAName != "" || req.CacheSalt != "" || len(req.MM) > 0 {
+		return fmt.Errorf("%w: Extra set together with LoRAName, CacheSalt or MM", ErrExtraMode)
+	}
+	if len(req.Extra) < blocks {
+		return fmt.Errorf("%w: %d tuples for %d full blocks", ErrExtraKeys, len(req.Extra), blocks)
+	}
+	return nil
+}
+
+// sortedMM validates items and returns them sorted by offset, copying only
+// when they are not sorted already.
+func sortedMM(items []MMItem) ([]MMItem, error) {
+	sorted := true
+	for i, it := range items {
+		if it.Offset < 0 || it.Length < 0 {
+			return nil, fmt.Errorf("%w: %q at offset %d, length %d", ErrMMItem, it.ID, it.Offset, it.Length)
+		}
+		if i > 0 && it.Offset < items[i-1].Offset {
+			sorted = false
+		}
+	}
+	if sorted {
+		return items, nil
+	}
+	c := slices.Clone(items)
+	slices.SortStableFunc(c, func(a, b MMItem) int { return a.Offset - b.Offset })
+	return c, nil
+}
+
+// mmCursor walks the multimodal items block by block exactly as vLLM's
+// _gen_mm_extra_hash_keys does, including its cursor that carries over from
+// one block to the next.
+type mmCursor struct{ idx int }
+
+// advance appends to dst the indices of the items that become extra keys of
+// the block [start, end).
+func (c *mmCursor) advance(dst []int, items []MMItem, start, end int) []int {
+	if len(items) == 0 {
+		return dst
+	}
+	last := items[len(items)-1]
+	if last.Offset+last.Length <= start {
+		return dst
+	}
+	for c.idx < len(items) {
+		it := items[c.idx]
+		if end <= it.Offset {
+			break
+		}
+		if start >= it.Offset+it.Length {
+			c.idx++
+			continue
+		}
+		dst = append(dst, c.idx)
+		if end >= it.Offset+it.Length {
+			c.idx++
+			continue
+		}
+		break
+	}
+	return dst
+}
+
+// extraSource describes one block's extra keys without materialising them:
+// either an explicit tuple, or the LoRA name, the multimodal items at mmIdx
+// (offsets relative to start) and the salt.
+type extraSource struct {
+	explicit bool
+	keys     []ExtraKey
+	lora     string
+	salt     string
+	mm       []MMItem
+	mmIdx    []int
+	start    int
+}
+
+func (e *extraSource) count() int {
+	if e.explicit {
+		return len(e.keys)
+	}
+	n := len(e.mmIdx)
+	if e.lora != "" {
+		n++
+	}
+	if e.salt != "" {
+		n++
+	}
+	return n
+}
+
+// materialise returns the block's extra keys as a tuple, nil for None.
+func (e *extraSource) materialise() []ExtraKey {
+	if e.explicit {
+		return cloneKeys(e.keys)
+	}
+	if e.count() == 0 {
+		return nil
+	}
+	out := make([]ExtraKey, 0, e.count())
+	if e.lora != "" {
+		out = append(out, Str(e.lora))
+	}
+	for _, k := range e.mmIdx {
+		it := e.mm[k]
+		out = append(out, Tuple(Str(it.ID), Int(int64(it.Offset-e.start))))
+	}
+	if e.salt != "" {
+		out = append(out, Str(e.salt))
+	}
+	return out
+}
+
+// hashBlock encodes (parent, tokens, extra) into s.buf and hashes it.
+func (h *Hasher) hashBlock(s *scratch, parent Digest, tokens []uint32, ex *extraSource) Digest {
+	switch h.enc {
+	case encPickle:
+		s.buf = appendPickleBlock(s.buf[:0], parent, tokens, ex)
+	case encCBOR:
+		s.buf = appendCBORBlock(s.buf[:0], parent, h.cfg.Algo == SHA256CBOR64, tokens, ex)
+	case encContent:
+		s.buf = appendContentBlock(s.buf[:0], parent.Key(), tokens, ex)
+	}
+	return h.sum(s.buf)
+}
