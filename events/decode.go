@@ -1,0 +1,866 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// ErrMalformed is wrapped by every error Decode returns: the payload is not an
+// EventBatch this package understands, and no part of it should be applied.
+var ErrMalformed = errors.New("events: malformed payload")
+
+// Size bounds. A length beyond the bytes left in the payload is rejected
+// before anything is allocated, so these bound the work a single large (but
+// well-formed) payload can cause.
+const (
+	maxEvents   = 1 << 16
+	maxBlocks   = 1 << 20
+	maxTokens   = 1 << 24
+	maxDepth    = 32
+	maxHashSize = 64
+)
+
+// EventType is the kind of one KV-cache event.
+type EventType uint8
+
+// Event types vLLM publishes. EventUnknown marks an event of a type this
+// package does not know (a newer engine's); it is skipped, the rest of its
+// batch applies.
+const (
+	EventUnknown EventType = iota
+	EventBlockStored
+	EventBlockRemoved
+	EventAllBlocksCleared
+)
+
+func (t EventType) String() string {
+	switch t {
+	case EventBlockStored:
+		return "BlockStored"
+	case EventBlockRemoved:
+		return "BlockRemoved"
+	case EventAllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "unknown"
+}
+
+// Batch is one decoded EventBatch: everything an engine published in one
+// scheduler step. Reuse one Batch across Decode calls: its slices, and those
+// of its events, are recycled, so steady-state decoding does not allocate.
+type Batch struct {
+	TS float64
+	// DPRank is the engine's data-parallel rank; 0 when HasDPRank is false
+	// (the payload had no rank or a nil one).
+	DPRank    int
+	HasDPRank bool
+	Events    []Event
+}
+
+// Event is one KV-cache event. Fields that an event type does not carry, or
+// that the payload left out, hold their defaults.
+type Event struct {
+	Type EventType
+	// TypeName is the payload's tag for an EventUnknown event, "" otherwise.
+	TypeName string
+	// BlockHashes are the engine's block keys: the int hash, or the last 8
+	// bytes (big-endian) of a raw digest.
+	BlockHashes []uint64
+	// Parent is the key of the block before BlockHashes[0], valid when
+	// HasParent; a BlockStored without parent starts at block 0.
+	Parent    uint64
+	HasParent bool
+	// TokenIDs are all blocks' tokens concatenated; empty when the engine did
+	// not send them (CPU offload events before self-describing events).
+	TokenIDs  []uint32
+	BlockSize int
+	LoRAID    int
+	HasLoRAID bool
+	// Medium is the tier, upper-case; "GPU" when the payload had none.
+	Medium   string
+	LoRAName string
+	// ExtraKeys holds, when HasExtraKeys, one entry per block: the raw
+	// msgpack of the block's extra-keys tuple, or nil for None. The bytes
+	// are owned by the Event and valid until the next Decode into its Batch.
+	ExtraKeys    [][]byte
+	HasExtraKeys bool
+	GroupIdx     int
+	HasGroupIdx  bool
+
+	extraBuf   []byte
+	extraSpans []int
+}
+
+func (e *Event) reset() {
+	e.Type = EventUnknown
+	e.TypeName = ""
+	e.BlockHashes = e.BlockHashes[:0]
+	e.Parent, e.HasParent = 0, false
+	e.TokenIDs = e.TokenIDs[:0]
+	e.BlockSize = 0
+	e.LoRAID, e.HasLoRAID = 0, false
+	e.Medium = mediumGPU
+	e.LoRAName = ""
+	e.ExtraKeys = e.ExtraKeys[:0]
+	e.HasExtraKeys = false
+	e.GroupIdx, e.HasGroupIdx = 0, false
+	e.extraBuf = e.extraBuf[:0]
+	e.extraSpans = e.extraSpans[:0]
+}
+
+// Blocks is the number of blocks the event names.
+func (e *Event) Blocks() int { return len(e.BlockHashes) }
+
+const (
+	mediumGPU = "GPU"
+	mediumCPU = "CPU"
+)
+
+// payloadReader is the io.ByteScanner the msgpack decoder reads from. Being a
+// ByteScanner keeps msgpack from buffering, so the decoder and the fast
+// paths below share one position.
+type payloadReader struct {
+	b []byte
+	i int
+}
+
+func (r *payloadReader) Read(p []byte) (int, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.i:])
+	r.i += n
+	return n, nil
+}
+
+func (r *payloadReader) ReadByte() (byte, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	c := r.b[r.i]
+	r.i++
+	return c, nil
+}
+
+func (r *payloadReader) UnreadByte() error {
+	if r.i == 0 {
+		return errors.New("events: unread at start")
+	}
+	r.i--
+	return nil
+}
+
+func (r *payloadReader) remaining() int { return len(r.b) - r.i }
+
+// Decoder decodes EventBatch payloads in every layout vLLM has used. The zero
+// value is ready to use. A Decoder is not safe for concurrent use; give each
+// goroutine its own.
+type Decoder struct {
+	r      payloadReader
+	md     *msgpack.Decoder
+	strs   map[string]string
+	errCtx string
+}
+
+// NewDecoder returns a ready Decoder.
+func NewDecoder() *Decoder {
+	d := &Decoder{}
+	d.init()
+	return d
+}
+
+func (d *Decoder) init() {
+	if d.md == nil {
+		d.md = msgpack.NewDecoder(&d.r)
+		d.strs = make(map[string]string)
+	}
+}
+
+// Decode decodes payload into b, replacing its contents. On error the batch
+// is not usable and must not be applied; the error wraps ErrMalformed.
+// Decode never panics, whatever the input.
+func (d *Decoder) Decode(payload []byte, b *Batch) error {
+	d.init()
+	d.r = payloadReader{b: payload}
+	d.md.ResetReader(&d.r)
+	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
+	b.Events = b.Events[:0]
+	if len(payload) == 0 {
+		return fmt.Errorf("%w: empty payload", ErrMalformed)
+	}
+	if err := d.batch(b); err != nil {
+		b.Events = b.Events[:0]
+		return err
+	}
+	if d.r.remaining() != 0 {
+		b.Events = b.Events[:0]
+		return d.errorf("%d trailing bytes after the batch", d.r.remaining())
+	}
+	return nil
+}
+
+func (d *Decoder) errorf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s (at byte %d)", ErrMalformed, fmt.Sprintf(format, args...), d.r.i)
+}
+
+func (d *Decoder) wrap(what string, err error) error {
+	if errors.Is(err, ErrMalformed) {
+		return err
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return d.errorf("truncated msgpack reading %s", what)
+	}
+	return d.errorf("reading %s: %v", what, err)
+}
+
+func (d *Decoder) peek(what string) (byte, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return 0, d.wrap(what, err)
+	}
+	return c, nil
+}
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
+func isMap(c byte) bool {
+	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+func isInt(c byte) bool {
+	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64)
+}
+
+// arrayLen reads an array header; nilOK allows nil, returned as -1. The
+// length is bounded by the bytes left (each element takes at least one) and
+// by limit.
+func (d *Decoder) arrayLen(what string, nilOK bool, limit int) (int, error) {
+	c, err := d.peek(what)
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Nil && nilOK {
+		_ = d.md.Skip()
+		return -1, nil
+	}
+	if !isArray(c) {
+		return 0, d.errorf("bad field type: %s is not an array (code 0x%02x)", what, c)
+	}
+	n, err := d.md.DecodeArrayLen()
+	if err != nil {
+		return 0, d.wrap(what, err)
+	}
+	if n > d.r.remaining() || n > limit {
+		return 0, d.errorf("%s: length %d exceeds the payload or the limit", what, n)
+	}
+	return n, nil
+}
+
+// str returns the bytes of a string (or bin) value, aliasing the payload.
+func (d *Decoder) str(what string) ([]byte, error) {
+	c, err := d.peek(what)
+	if err != nil {
+		return nil, err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return nil, d.errorf("bad field type: %s is not a string (code 0x%02x)", what, c)
+	}
+	n, err := d.md.DecodeBytesLen()
+	if err != nil {
+		return nil, d.wrap(what, err)
+	}
+	if n > d.r.remaining() {
+		return nil, d.errorf("truncated msgpack reading %s", what)
+	}
+	s := d.r.b[d.r.i : d.r.i+n]
+	d.r.i += n
+	return s, nil
+}
+
+// intern returns b as a string without allocating for strings seen before
+// (media, LoRA names). The table is bounded; past it strings are allocated.
+func (d *Decoder) intern(b []byte) string {
+	if s, ok := d.strs[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(d.strs) < 1024 {
+		d.strs[s] = s
+	}
+	return s
+}
+
+func (d *Decoder) isNil() bool {
+	c, err := d.md.PeekCode()
+	if err == nil && c == msgpcode.Nil {
+		d.r.i++
+		return true
+	}
+	return false
+}
+
+// int reads a signed integer that must fit in an int32 (ranks, sizes, ids).
+func (d *Decoder) int(what string) (int, error) {
+	c, err := d.peek(what)
+	if err != nil {
+		return 0, err
+	}
+	if !isInt(c) {
+		return 0, d.errorf("bad field type: %s is not an integer (code 0x%02x)", what, c)
+	}
+	v, err := d.md.DecodeInt64()
+	if err != nil {
+		return 0, d.wrap(what, err)
+	}
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, d.errorf("%s %d out of range", what, v)
+	}
+	return int(v), nil
+}
+
+// uint reads a non-negative integer of up to 64 bits straight from the
+// payload: the hot path (token ids, block hashes) stays free of per-value
+// interface calls.
+func (d *Decoder) uint(what string) (uint64, error) {
+	r := &d.r
+	if r.i >= len(r.b) {
+		return 0, d.errorf("truncated msgpack reading %s", what)
+	}
+	c := r.b[r.i]
+	if c <= msgpcode.PosFixedNumHigh {
+		r.i++
+		return uint64(c), nil
+	}
+	var n int
+	signed := false
+	switch c {
+	case msgpcode.Uint8:
+		n = 1
+	case msgpcode.Uint16:
+		n = 2
+	case msgpcode.Uint32:
+		n = 4
+	case msgpcode.Uint64:
+		n = 8
+	case msgpcode.Int8:
+		n, signed = 1, true
+	case msgpcode.Int16:
+		n, signed = 2, true
+	case msgpcode.Int32:
+		n, signed = 4, true
+	case msgpcode.Int64:
+		n, signed = 8, true
+	default:
+		if c >= msgpcode.NegFixedNumLow {
+			return 0, d.errorf("%s is negative", what)
+		}
+		return 0, d.errorf("bad field type: %s is not an integer (code 0x%02x)", what, c)
+	}
+	if r.i+1+n > len(r.b) {
+		return 0, d.errorf("truncated msgpack reading %s", what)
+	}
+	var v uint64
+	for _, x := range r.b[r.i+1 : r.i+1+n] {
+		v = v<<8 | uint64(x)
+	}
+	if signed && v>>(uint(n)*8-1) != 0 {
+		return 0, d.errorf("%s is negative", what)
+	}
+	r.i += 1 + n
+	return v, nil
+}
+
+// hash reads a block hash: an integer, or raw digest bytes reduced to their
+// last 8 bytes, big-endian.
+func (d *Decoder) hash(what string) (uint64, error) {
+	r := &d.r
+	if r.i < len(r.b) {
+		c := r.b[r.i]
+		if msgpcode.IsBin(c) || msgpcode.IsString(c) {
+			b, err := d.str(what)
+			if err != nil {
+				return 0, err
+			}
+			if len(b) == 0 || len(b) > maxHashSize {
+				return 0, d.errorf("%s: digest of %d bytes", what, len(b))
+			}
+			if len(b) > 8 {
+				b = b[len(b)-8:]
+			}
+			var v uint64
+			for _, x := range b {
+				v = v<<8 | uint64(x)
+			}
+			return v, nil
+		}
+	}
+	return d.uint(what)
+}
+
+// skip skips one value of any type, bounding nesting so that a hostile
+// payload cannot recurse deeply.
+func (d *Decoder) skip(depth int) error {
+	if depth > maxDepth {
+		return d.errorf("nesting deeper than %d", maxDepth)
+	}
+	c, err := d.peek("value")
+	if err != nil {
+		return err
+	}
+	switch {
+	case isArray(c):
+		n, err := d.arrayLen("array", false, d.r.remaining())
+		if err != nil {
+			return err
+		}
+		for range n {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case isMap(c):
+		n, err := d.md.DecodeMapLen()
+		if err != nil {
+			return d.wrap("map", err)
+		}
+		if n > d.r.remaining() {
+			return d.errorf("map length %d exceeds the payload", n)
+		}
+		for range 2 * n {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		_, err := d.str("value")
+		return err
+	}
+	if err := d.md.Skip(); err != nil {
+		return d.wrap("value", err)
+	}
+	return nil
+}
+
+func (d *Decoder) batch(b *Batch) error {
+	c, err := d.peek("batch")
+	if err != nil {
+		return err
+	}
+	if !isArray(c) {
+		return d.errorf("not an EventBatch: top level is not an array (code 0x%02x)", c)
+	}
+	n, err := d.arrayLen("batch", false, maxEvents)
+	if err != nil {
+		return err
+	}
+	if n < 2 {
+		return d.errorf("not an EventBatch: %d elements", n)
+	}
+	c, err = d.peek("ts")
+	if err != nil {
+		return err
+	}
+	if c != msgpcode.Double && c != msgpcode.Float && !isInt(c) {
+		return d.errorf("bad field type: ts (code 0x%02x)", c)
+	}
+	if b.TS, err = d.md.DecodeFloat64(); err != nil {
+		return d.wrap("ts", err)
+	}
+	ne, err := d.arrayLen("events", false, maxEvents)
+	if err != nil {
+		return err
+	}
+	if cap(b.Events) < ne {
+		evs := make([]Event, ne)
+		copy(evs, b.Events[:cap(b.Events)])
+		b.Events = evs
+	}
+	b.Events = b.Events[:ne]
+	for i := range b.Events {
+		e := &b.Events[i]
+		e.reset()
+		if err := d.event(e); err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+	}
+	if n >= 3 {
+		if !d.isNil() {
+			if b.DPRank, err = d.int("data_parallel_rank"); err != nil {
+				return err
+			}
+			if b.DPRank < 0 {
+				return d.errorf("negative data_parallel_rank %d", b.DPRank)
+			}
+			b.HasDPRank = true
+		}
+		for range n - 3 {
+			if err := d.skip(0); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Field positions of the array layout, after the tag; the map layout uses
+// the same names.
+const (
+	fHashes = iota
+	fParent
+	fTokens
+	fBlockSize
+	fLoRAID
+	fMedium
+	fLoRAName
+	fExtraKeys
+	fGroupIdx
+	fOther
+)
+
+var storedFields = [...]int{fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtraKeys, fGroupIdx}
+var removedFields = [...]int{fHashes, fMedium, fGroupIdx}
+
+func fieldByName(name []byte) int {
+	switch string(name) {
+	case "block_hashes":
+		return fHashes
+	case "parent_block_hash":
+		return fParent
+	case "token_ids":
+		return fTokens
+	case "block_size":
+		return fBlockSize
+	case "lora_id":
+		return fLoRAID
+	case "medium":
+		return fMedium
+	case "lora_name":
+		return fLoRAName
+	case "extra_keys":
+		return fExtraKeys
+	case "group_idx":
+		return fGroupIdx
+	}
+	return fOther
+}
+
+func eventType(tag []byte) EventType {
+	switch string(tag) {
+	case "BlockStored":
+		return EventBlockStored
+	case "BlockRemoved":
+		return EventBlockRemoved
+	case "AllBlocksCleared":
+		return EventAllBlocksCleared
+	}
+	return EventUnknown
+}
+
+func (d *Decoder) event(e *Event) error {
+	c, err := d.peek("event")
+	if err != nil {
+		return err
+	}
+	switch {
+	case isArray(c):
+		return d.arrayEvent(e)
+	case isMap(c):
+		return d.mapEvent(e)
+	}
+	return d.errorf("bad field type: event is neither array nor map (code 0x%02x)", c)
+}
+
+func (d *Decoder) arrayEvent(e *Event) error {
+	n, err := d.arrayLen("event", false, d.r.remaining())
+	if err != nil {
+		return err
+	}
+	if n < 1 {
+		return d.errorf("event array without a type tag")
+	}
+	tag, err := d.str("event tag")
+	if err != nil {
+		return err
+	}
+	e.Type = eventType(tag)
+	var fields []int
+	switch e.Type {
+	case EventBlockStored:
+		fields = storedFields[:]
+	case EventBlockRemoved:
+		fields = removedFields[:]
+	case EventUnknown:
+		e.TypeName = string(tag)
+	}
+	seen := 0
+	for i := range n - 1 {
+		f := fOther
+		if i < len(fields) {
+			f = fields[i]
+		}
+		if f == fHashes {
+			seen++
+		}
+		if err := d.field(e, f); err != nil {
+			return err
+		}
+	}
+	return d.check(e, seen > 0)
+}
+
+func (d *Decoder) mapEvent(e *Event) error {
+	n, err := d.md.DecodeMapLen()
+	if err != nil {
+		return d.wrap("event", err)
+	}
+	if n > d.r.remaining() {
+		return d.errorf("event map length %d exceeds the payload", n)
+	}
+	// The tag may come anywhere; fields before it are kept by name and
+	// interpreted once the type is known, which vLLM's encoder (type first)
+	// never needs.
+	start := d.r.i
+	typed := false
+	for range n {
+		key, err := d.str("event field name")
+		if err != nil {
+			return err
+		}
+		if string(key) == "type" {
+			tag, err := d.str("event type")
+			if err != nil {
+				return err
+			}
+			e.Type = eventType(tag)
+			if e.Type == EventUnknown {
+				e.TypeName = string(tag)
+			}
+			typed = true
+			break
+		}
+		if err := d.skip(1); err != nil {
+			return err
+		}
+	}
+	if !typed {
+		return d.errorf("event map without a type")
+	}
+	// Second pass over every field but the tag.
+	d.r.i = start
+	seen := false
+	for range n {
+		key, err := d.str("event field name")
+		if err != nil {
+			return err
+		}
+		f := fieldByName(key)
+		if string(key) == "type" || e.Type == EventUnknown || e.Type == EventAllBlocksCleared {
+			f = fOther
+		} else if e.Type == EventBlockRemoved && f != fHashes && f != fMedium && f != fGroupIdx {
+			f = fOther
+		}
+		if f == fHashes {
+			seen = true
+		}
+		if err := d.field(e, f); err != nil {
+			return err
+		}
+	}
+	return d.check(e, seen)
+}
+
+// check validates an event once all its fields are read.
+func (d *Decoder) check(e *Event, hasHashes bool) error {
+	switch e.Type {
+	case EventBlockStored:
+		if !hasHashes {
+			return d.errorf("BlockStored without block_hashes")
+		}
+		nt := len(e.TokenIDs)
+		if nt > 0 {
+			// Hybrid models may skip blocks in block_hashes while token_ids
+			// still covers them, so more tokens than blocks is allowed; a
+			// partial block or fewer tokens than blocks is not.
+			if e.BlockSize <= 0 || nt%e.BlockSize != 0 || nt < len(e.BlockHashes)*e.BlockSize {
+				return d.errorf("token_ids length %d does not match %d block_hashes and block_size %d",
+					nt, len(e.BlockHashes), e.BlockSize)
+			}
+		}
+		if e.HasExtraKeys && len(e.ExtraKeys) != len(e.BlockHashes) && len(e.ExtraKeys) != nt/max(e.BlockSize, 1) {
+			return d.errorf("extra_keys has %d entries for %d blocks", len(e.ExtraKeys), len(e.BlockHashes))
+		}
+	case EventBlockRemoved:
+		if !hasHashes {
+			return d.errorf("BlockRemoved without block_hashes")
+		}
+	}
+	return nil
+}
+
+func (d *Decoder) field(e *Event, f int) error {
+	var err error
+	switch f {
+	case fHashes:
+		n, err := d.arrayLen("block_hashes", false, maxBlocks)
+		if err != nil {
+			return err
+		}
+		if cap(e.BlockHashes) < n {
+			e.BlockHashes = make([]uint64, n)
+		}
+		e.BlockHashes = e.BlockHashes[:n]
+		for i := range e.BlockHashes {
+			if e.BlockHashes[i], err = d.hash("block_hashes"); err != nil {
+				return err
+			}
+		}
+	case fParent:
+		if d.isNil() {
+			return nil
+		}
+		if e.Parent, err = d.hash("parent_block_hash"); err != nil {
+			return err
+		}
+		e.HasParent = true
+	case fTokens:
+		n, err := d.arrayLen("token_ids", true, maxTokens)
+		if err != nil || n < 0 {
+			return err
+		}
+		if cap(e.TokenIDs) < n {
+			e.TokenIDs = make([]uint32, n)
+		}
+		e.TokenIDs = e.TokenIDs[:n]
+		for i := range e.TokenIDs {
+			v, err := d.uint("token_ids")
+			if err != nil {
+				return err
+			}
+			if v > math.MaxUint32 {
+				return d.errorf("token id %d out of range", v)
+			}
+			e.TokenIDs[i] = uint32(v)
+		}
+	case fBlockSize:
+		if d.isNil() {
+			return nil
+		}
+		if e.BlockSize, err = d.int("block_size"); err != nil {
+			return err
+		}
+		if e.BlockSize < 0 {
+			return d.errorf("negative block_size %d", e.BlockSize)
+		}
+	case fLoRAID:
+		if d.isNil() {
+			return nil
+		}
+		if e.LoRAID, err = d.int("lora_id"); err != nil {
+			return err
+		}
+		e.HasLoRAID = true
+	case fMedium:
+		if d.isNil() {
+			return nil
+		}
+		s, err := d.str("medium")
+		if err != nil {
+			return err
+		}
+		e.Medium = d.medium(s)
+	case fLoRAName:
+		if d.isNil() {
+			return nil
+		}
+		s, err := d.str("lora_name")
+		if err != nil {
+			return err
+		}
+		e.LoRAName = d.intern(s)
+	case fExtraKeys:
+		return d.extraKeys(e)
+	case fGroupIdx:
+		if d.isNil() {
+			return nil
+		}
+		if e.GroupIdx, err = d.int("group_idx"); err != nil {
+			return err
+		}
+		if e.GroupIdx < 0 {
+			return d.errorf("negative group_idx %d", e.GroupIdx)
+		}
+		e.HasGroupIdx = true
+	default:
+		return d.skip(1)
+	}
+	return nil
+}
+
+func (d *Decoder) medium(s []byte) string {
+	switch string(s) {
+	case "GPU", "gpu", "cuda", "CUDA":
+		return mediumGPU
+	case "CPU", "cpu":
+		return mediumCPU
+	}
+	up := make([]byte, len(s))
+	for i, c := range s {
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		up[i] = c
+	}
+	return d.intern(up)
+}
+
+func (d *Decoder) extraKeys(e *Event) error {
+	n, err := d.arrayLen("extra_keys", true, maxBlocks)
+	if err != nil || n < 0 {
+		return err
+	}
+	e.HasExtraKeys = true
+	// Spans first, slices after: extraBuf may move while it grows.
+	e.extraSpans = e.extraSpans[:0]
+	for i := range n {
+		if d.isNil() {
+			e.extraSpans = append(e.extraSpans, -1, -1)
+			continue
+		}
+		c, err := d.peek("extra_keys")
+		if err != nil {
+			return err
+		}
+		if !isArray(c) {
+			return d.errorf("bad field type: extra_keys[%d] is not a tuple (code 0x%02x)", i, c)
+		}
+		lo := d.r.i
+		if err := d.skip(2); err != nil {
+			return err
+		}
+		off := len(e.extraBuf)
+		e.extraBuf = append(e.extraBuf, d.r.b[lo:d.r.i]...)
+		e.extraSpans = append(e.extraSpans, off, len(e.extraBuf))
+	}
+	if cap(e.ExtraKeys) < n {
+		e.ExtraKeys = make([][]byte, n)
+	}
+	e.ExtraKeys = e.ExtraKeys[:n]
+	for i := range e.ExtraKeys {
+		lo, hi := e.extraSpans[2*i], e.extraSpans[2*i+1]
+		if lo < 0 {
+			e.ExtraKeys[i] = nil
+			continue
+		}
+		e.ExtraKeys[i] = e.extraBuf[lo:hi:hi]
+	}
+	return nil
+}

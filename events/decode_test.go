@@ -1,0 +1,240 @@
+package events
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// sharedPath returns a path under the shared data directory, the sibling of
+// the repository root (the directory holding go.mod).
+func sharedPath(t testing.TB, elem ...string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, parent, dir, "no go.mod above the test directory")
+		dir = parent
+	}
+	return filepath.Join(append([]string{dir, "..", "shared"}, elem...)...)
+}
+
+type conformanceCase struct {
+	Name       string          `json:"name"`
+	Note       string          `json:"note"`
+	PayloadHex string          `json:"payload_hex"`
+	Expected   json.RawMessage `json:"expected"`
+	Error      *string         `json:"error"`
+}
+
+func loadPayloadCases(t testing.TB) []conformanceCase {
+	t.Helper()
+	raw, err := os.ReadFile(sharedPath(t, "conformance", "events", "payloads.json"))
+	require.NoError(t, err)
+	var file struct {
+		Cases []conformanceCase `json:"cases"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &file))
+	require.NotEmpty(t, file.Cases)
+	return file.Cases
+}
+
+// batchJSON renders a decoded batch in the conformance file's notation.
+func batchJSON(t *testing.T, b *Batch) string {
+	t.Helper()
+	hashes := func(hs []uint64) []string {
+		out := make([]string, len(hs))
+		for i, h := range hs {
+			out[i] = strconv.FormatUint(h, 10)
+		}
+		return out
+	}
+	optInt := func(v int, ok bool) any {
+		if !ok {
+			return nil
+		}
+		return v
+	}
+	optStr := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	var evs []any
+	for i := range b.Events {
+		e := &b.Events[i]
+		switch e.Type {
+		case EventBlockStored:
+			var parent any
+			if e.HasParent {
+				parent = strconv.FormatUint(e.Parent, 10)
+			}
+			var extra any
+			if e.HasExtraKeys {
+				keys := make([]any, len(e.ExtraKeys))
+				for j, raw := range e.ExtraKeys {
+					if raw == nil {
+						continue
+					}
+					var v any
+					require.NoError(t, msgpack.Unmarshal(raw, &v))
+					keys[j] = v
+				}
+				extra = keys
+			}
+			tokens := e.TokenIDs
+			if tokens == nil {
+				tokens = []uint32{}
+			}
+			evs = append(evs, map[string]any{
+				"type": "BlockStored", "block_hashes": hashes(e.BlockHashes),
+				"parent_block_hash": parent, "token_ids": tokens, "block_size": e.BlockSize,
+				"lora_id": optInt(e.LoRAID, e.HasLoRAID), "medium": e.Medium,
+				"lora_name": optStr(e.LoRAName), "extra_keys": extra,
+				"group_idx": optInt(e.GroupIdx, e.HasGroupIdx),
+			})
+		case EventBlockRemoved:
+			evs = append(evs, map[string]any{
+				"type": "BlockRemoved", "block_hashes": hashes(e.BlockHashes),
+				"medium": e.Medium, "group_idx": optInt(e.GroupIdx, e.HasGroupIdx),
+			})
+		case EventAllBlocksCleared:
+			evs = append(evs, map[string]any{"type": "AllBlocksCleared"})
+		default:
+			evs = append(evs, map[string]any{"type": e.TypeName, "skipped": true})
+		}
+	}
+	var rank any
+	if b.HasDPRank {
+		rank = b.DPRank
+	}
+	out, err := json.Marshal(map[string]any{"ts": b.TS, "dp_rank": rank, "events": evs})
+	require.NoError(t, err)
+	return string(out)
+}
+
+func TestDecodeConformancePayloads(t *testing.T) {
+	d := NewDecoder()
+	var b Batch // shared across cases: recycled slices must not leak state
+	for _, c := range loadPayloadCases(t) {
+		t.Run(c.Name, func(t *testing.T) {
+			payload, err := hex.DecodeString(c.PayloadHex)
+			require.NoError(t, err)
+			err = d.Decode(payload, &b)
+			if c.Error != nil {
+				require.ErrorIs(t, err, ErrMalformed, "case says: %s", *c.Error)
+				require.Empty(t, b.Events, "a failed decode leaves no events to apply")
+				return
+			}
+			require.NoError(t, err, c.Note)
+			require.JSONEq(t, string(c.Expected), batchJSON(t, &b), c.Note)
+		})
+	}
+}
+
+func TestDecodeRejectsEveryTruncationOfValidPayloads(t *testing.T) {
+	d := NewDecoder()
+	var b Batch
+	for _, c := range loadPayloadCases(t) {
+		if c.Error != nil {
+			continue
+		}
+		payload, err := hex.DecodeString(c.PayloadHex)
+		require.NoError(t, err)
+		for n := range len(payload) {
+			require.ErrorIs(t, d.Decode(payload[:n], &b), ErrMalformed, "%s cut at %d", c.Name, n)
+		}
+		require.NoError(t, d.Decode(payload, &b), c.Name)
+	}
+}
+
+func TestDecodeRejectsHostileInput(t *testing.T) {
+	tests := []struct {
+		name    string
+		payload []byte
+	}{
+		{"huge event count", []byte{0x93, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff}},
+		{"huge token array", cat([]byte{0x93, 0x00, 0x91, 0x94}, storedTag, []byte{0x90, 0xc0, 0xdd, 0xff, 0xff, 0xff, 0xff})},
+		{"huge hash array", cat([]byte{0x93, 0x00, 0x91, 0x94}, storedTag, []byte{0xdd, 0x7f, 0xff, 0xff, 0xff})},
+		{"huge string length", []byte{0x93, 0x00, 0x91, 0x92, 0xdb, 0xff, 0xff, 0xff, 0xff}},
+		{"deep nesting in unknown field", append([]byte{0x93, 0x00, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'X', 0xa1, 'z'}, repeat(0x91, 100)...)},
+		{"negative rank", []byte{0x93, 0x00, 0x90, 0xff}},
+		{"nil ts", []byte{0x93, 0xc0, 0x90, 0x00}},
+		{"trailing bytes", []byte{0x93, 0x00, 0x90, 0x00, 0x00}},
+		{"one-element batch", []byte{0x91, 0x00}},
+		{"event without tag", []byte{0x93, 0x00, 0x91, 0x90, 0x00}},
+		{"map event without type", []byte{0x93, 0x00, 0x91, 0x81, 0xa1, 'a', 0x00, 0x00}},
+		{"stored without hashes", []byte{0x93, 0x00, 0x91, 0x91, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x00}},
+		{"token id above uint32", []byte{0x93, 0x00, 0x91, 0x95, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x91, 0x01, 0xc0, 0x91, 0xcf, 1, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x00}},
+		{"negative token id", []byte{0x93, 0x00, 0x91, 0x95, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x91, 0x01, 0xc0, 0x91, 0xff, 0x01, 0x00}},
+		{"empty digest", []byte{0x93, 0x00, 0x91, 0x92, 0xac, 'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd', 0x91, 0xc4, 0x00, 0x00}},
+	}
+	d := NewDecoder()
+	var b Batch
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorIs(t, d.Decode(tc.payload, &b), ErrMalformed)
+		})
+	}
+}
+
+func mustHex(t testing.TB, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	require.NoError(t, err)
+	return b
+}
+
+var storedTag = []byte{0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd'}
+
+func cat(parts ...[]byte) []byte {
+	var out []byte
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func repeat(c byte, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = c
+	}
+	return b
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, c := range loadPayloadCases(f) {
+		payload, err := hex.DecodeString(c.PayloadHex)
+		require.NoError(f, err)
+		f.Add(payload)
+	}
+	d := NewDecoder()
+	var b Batch
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		err := d.Decode(payload, &b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+			require.Empty(t, b.Events)
+			return
+		}
+		for i := range b.Events {
+			e := &b.Events[i]
+			if e.Type == EventBlockStored && len(e.TokenIDs) > 0 {
+				require.GreaterOrEqual(t, len(e.TokenIDs), len(e.BlockHashes)*e.BlockSize)
+			}
+			require.NotEmpty(t, e.Medium)
+		}
+	})
+}
