@@ -1,0 +1,53 @@
+// Package picker answers the two questions a KV-cache-aware router asks on
+// every request: how much of this prompt does each pod already hold (Score),
+// and, given the pod the router chose, should that pod pull the missing
+// prefix from a peer instead of recomputing it, from which peer, and which
+// blocks (Pick).
+//
+// # Scores
+//
+// A holder (a vLLM engine: pod and data-parallel rank) matches a prompt by its
+// consecutive prefix of the prompt's block keys, in any tier and in each tier.
+// Score weighs the blocks by tier (GPU 1.0, CPU 0.8 by default), ready for a
+// router's scorer.
+//
+// # Pull decisions
+//
+// Pick compares like with like. The destination's local prefix L counts the
+// blocks it holds in any tier, since it can use all of them. A peer's gain
+// counts the blocks it can serve from a pullable tier (by default the CPU
+// offload tier that vLLM's P2P producers serve from) starting at block L,
+// because those are the blocks the destination lacks; blocks before L are
+// worth nothing to it. The decision is a pull when the best gain reaches the
+// threshold (Config.MinCachedTokenDelta, in tokens; optionally also a
+// positive predicted saving from a cost Model), and otherwise one of
+// local_hit, self, no_holder or below_threshold, each defined on Reason.
+//
+// Peers whose gain is within one block of the best are equally good sources.
+// Pick draws one with weight 1/(1 + waiting + load + pulls it directed there
+// that are still in flight), from a hash of the request id so decisions are
+// reproducible, or from a caller's random source. Counting its own in-flight
+// pulls keeps a burst of requests for one hot prefix from landing on a single
+// producer before any load report shows it. The caller marks a pull finished
+// with Decision.Done; unmarked pulls expire after Config.InflightTTL.
+//
+// Any holder can be a source whatever its role: in a prefill/decode split the
+// destination is the pod that computes the prefill, and the decode pod that
+// produced a previous turn is a source like any other.
+//
+// A decision carries the missing keys in prompt order, the blocks left to
+// recompute, and renders the two ways of telling a pod to pull: llm-d's
+// x-kv-cache-source-host-port header (Decision.Header) and vLLM's
+// kv_transfer_params remote_kv_source object (Decision.KVTransferParams).
+//
+// # Calibration
+//
+// Whether a pull pays depends on the model and the hardware. Fit takes
+// measured recompute and pull times, fits recompute as a + b·t + c·t² and a
+// pull as floor + d·t, and returns the crossover and a threshold with a safety
+// margin; its Model can also be set as Config.Cost to decide each request by
+// its predicted saving.
+//
+// A steady-state Pick allocates only the decision's missing keys; Score with
+// a reused destination slice allocates nothing.
+package picker

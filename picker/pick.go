@@ -1,0 +1,256 @@
+package picker
+
+import (
+	"net"
+	"slices"
+	"strconv"
+
+	"github.com/kvsource/kvsource/index"
+)
+
+// Reason explains a Decision.
+type Reason string
+
+// The reasons of a decision, checked in this order.
+const (
+	// ReasonNoHolder: the destination holds no block of the prompt and no
+	// allowed holder can serve block 0 from a pullable tier, or the prompt
+	// has no full block. Everything is computed.
+	ReasonNoHolder Reason = "no_holder"
+	// ReasonLocalHit: the destination holds every full block of the prompt
+	// in some tier. Nothing is missing.
+	ReasonLocalHit Reason = "local_hit"
+	// ReasonSelf: the destination holds a prefix and no allowed holder can
+	// serve the block after it from a pullable tier: the destination's own
+	// cache is the best source there is.
+	ReasonSelf Reason = "self"
+	// ReasonBelowThreshold: some holder could extend the destination's
+	// prefix, but not by the minimum cached-token delta (or, with a cost
+	// model, not with a large enough predicted saving). Decision.Best
+	// says by how much it could have.
+	ReasonBelowThreshold Reason = "below_threshold"
+	// ReasonPull: the destination should pull Decision.Missing from
+	// Decision.Source.
+	ReasonPull Reason = "pull"
+)
+
+// HeaderKVCacheSource is the header by which llm-d's router names the peer a
+// pod's routing sidecar pulls from.
+const HeaderKVCacheSource = "x-kv-cache-source-host-port"
+
+// Decision is the answer of Pick.
+type Decision struct {
+	Destination index.Holder
+	// Source is the holder to pull from; the zero Holder unless Reason is
+	// ReasonPull.
+	Source index.Holder
+	Reason Reason
+	// Blocks is the number of full blocks of the prompt.
+	Blocks int
+	// Cached is the destination's consecutive prefix in any tier, in blocks.
+	Cached int
+	// Gain is the number of blocks pulled from Source, right after Cached.
+	Gain int
+	// Best is the longest pullable run any allowed holder other than the
+	// destination offers right after Cached, pulled or not.
+	Best int
+	// Recompute is the number of full blocks left to compute after the pull:
+	// Blocks - Cached - Gain. The prompt's trailing partial block is always
+	// computed and not counted.
+	Recompute int
+	// Missing are the keys to pull, in prompt order: keys[Cached:Cached+Gain].
+	Missing []uint64
+	// BlockSize is the number of tokens per block.
+	BlockSize int
+	// SavingMillis is the predicted saving of the pull, when the picker has
+	// a cost model.
+	SavingMillis float64
+
+	p2pPort int
+	load    *holderLoad
+	epoch   uint64
+}
+
+// Done tells the picker the pull has finished (or failed), so its source no
+// longer counts it as in flight. Pulls never marked done expire after the
+// picker's InflightTTL. Done on a decision without a pull does nothing; call
+// it once per decision.
+func (d *Decision) Done() {
+	if d.load != nil {
+		d.load.release(d.epoch)
+		d.load = nil
+	}
+}
+
+// Header returns llm-d's source header for the decision: its name and the
+// source pod's address, as llm-d's router sets it. Both are empty when
+// nothing is pulled. llm-d's sidecar keeps the host and substitutes its own
+// P2P port, so a source of data-parallel rank above 0 is reachable only
+// through KVTransferParams.
+func (d *Decision) Header() (name, value string) {
+	if d.Reason != ReasonPull {
+		return "", ""
+	}
+	return HeaderKVCacheSource, d.Source.Pod
+}
+
+// RemoteKVSource is the object vLLM's P2P offload tier reads from a request's
+// kv_transfer_params["remote_kv_source"].
+type RemoteKVSource struct {
+	KVRequestID string `json:"kv_request_id"`
+	RemoteHost  string `json:"remote_host"`
+	RemotePort  int    `json:"remote_port"`
+}
+
+// KVTransferParams is the part of a request's kv_transfer_params that names
+// the source of a pull.
+type KVTransferParams struct {
+	RemoteKVSource *RemoteKVSource `json:"remote_kv_source,omitempty"`
+}
+
+// KVTransferParams returns the kv_transfer_params that make the destination
+// pull from the source directly: the source pod's host and its P2P port (the
+// picker's P2PPort plus the source's data-parallel rank), under the transfer
+// id kvRequestID. RemoteKVSource is nil when nothing is pulled.
+func (d *Decision) KVTransferParams(kvRequestID string) KVTransferParams {
+	if d.Reason != ReasonPull {
+		return KVTransferParams{}
+	}
+	host := d.Source.Pod
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return KVTransferParams{RemoteKVSource: &RemoteKVSource{
+		KVRequestID: kvRequestID,
+		RemoteHost:  host,
+		RemotePort:  d.p2pPort + d.Source.Rank,
+	}}
+}
+
+// P2PAddress returns the source's P2P control address, "host:port", or ""
+// when nothing is pulled.
+func (d *Decision) P2PAddress() string {
+	src := d.KVTransferParams("").RemoteKVSource
+	if src == nil {
+		return ""
+	}
+	return net.JoinHostPort(src.RemoteHost, strconv.Itoa(src.RemotePort))
+}
+
+// Pick decides whether req's destination should pull a prefix from a peer,
+// from which, and which blocks.
+//
+// The destination's local prefix L is its consecutive run of the prompt's
+// blocks in any tier. Every other allowed holder's gain is its consecutive
+// run from block L in the pullable tiers. Holders whose gain is within one
+// block of the best and reaches the threshold are eligible; one is drawn with
+// weight 1/(1 + waiting + load + pulls this picker directed to it that are
+// still in flight). A pull counts as in flight until Decision.Done or the
+// TTL.
+//
+// Pick allocates only the decision's Missing keys.
+func (p *Picker) Pick(req Request) (Decision, error) {
+	if req.Destination.Pod == "" {
+		return Decision{}, ErrNoDestination
+	}
+	s := p.getScratch()
+	defer p.putScratch(s)
+	keys, err := p.keys(&req, s)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Decision{Destination: req.Destination, Blocks: len(keys), BlockSize: p.blockSize, p2pPort: p.p2pPort}
+	if len(keys) == 0 {
+		d.Reason = ReasonNoHolder
+		return d, nil
+	}
+	l := p.idx.Run(req.Model, req.Destination, keys, 0, nil)
+	d.Cached = l
+	d.Recompute = len(keys) - l
+	if l == len(keys) {
+		d.Reason = ReasonLocalHit
+		return d, nil
+	}
+
+	s.hold = p.idx.Holders(req.Model, keys[l], s.hold)
+	for _, h := range s.hold {
+		if h == req.Destination {
+			continue
+		}
+		c, ok := candidate(req.Candidates, h)
+		if !ok {
+			continue
+		}
+		g := p.idx.Run(req.Model, h, keys, l, p.pullTiers)
+		if g == 0 {
+			continue
+		}
+		s.cands = append(s.cands, cand{h: h, gain: g, weight: 1 + float64(max(c.Waiting, 0)) + max(c.Load, 0)})
+		d.Best = max(d.Best, g)
+	}
+	if d.Best == 0 {
+		d.Reason = ReasonSelf
+		if l == 0 {
+			d.Reason = ReasonNoHolder
+		}
+		return d, nil
+	}
+
+	threshold := p.minDelta
+	if req.MinCachedTokenDelta > 0 {
+		threshold = req.MinCachedTokenDelta
+	}
+	floor := max(d.Best-1, (threshold+p.blockSize-1)/p.blockSize)
+	slices.SortFunc(s.cands, func(a, b cand) int { return compareHolders(a.h, b.h) })
+	now := p.epoch()
+	band := s.cands[:0]
+	var total float64
+	var prev index.Holder
+	for i, c := range s.cands {
+		// An index may list a holder once per tier; count it once.
+		dup := i > 0 && c.h == prev
+		prev = c.h
+		if dup || c.gain < floor {
+			continue
+		}
+		if p.cost != nil {
+			c.saving = p.cost.Saving(l*p.blockSize, c.gain*p.blockSize)
+			if c.saving <= p.minSaving {
+				continue
+			}
+		}
+		c.slot = p.inflight.get(c.h)
+		if c.slot != nil {
+			c.weight += float64(c.slot.count(now))
+		}
+		c.weight = 1 / c.weight
+		total += c.weight
+		band = append(band, c)
+	}
+	if len(band) == 0 {
+		d.Reason = ReasonBelowThreshold
+		return d, nil
+	}
+
+	target := p.draw(&req) * total
+	chosen := band[len(band)-1]
+	for _, c := range band {
+		if target < c.weight {
+			chosen = c
+			break
+		}
+		target -= c.weight
+	}
+	if chosen.slot == nil {
+		chosen.slot = p.inflight.getOrCreate(chosen.h)
+	}
+	chosen.slot.add(now)
+	d.load, d.epoch = chosen.slot, now
+	d.Reason = ReasonPull
+	d.Source = chosen.h
+	d.Gain = chosen.gain
+	d.Recompute -= chosen.gain
+	d.SavingMillis = chosen.saving
+	d.Missing = slices.Clone(keys[l : l+chosen.gain])
+	return d, nil
+}
