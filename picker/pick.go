@@ -1,9 +1,9 @@
 package picker
 
 import (
-	"net"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/kvsource/kvsource/index"
 )
@@ -116,13 +116,9 @@ func (d *Decision) KVTransferParams(kvRequestID string) KVTransferParams {
 	if d.Reason != ReasonPull {
 		return KVTransferParams{}
 	}
-	host := d.Source.Pod
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
 	return KVTransferParams{RemoteKVSource: &RemoteKVSource{
 		KVRequestID: kvRequestID,
-		RemoteHost:  host,
+		RemoteHost:  podHost(d.Source.Pod),
 		RemotePort:  d.p2pPort + d.Source.Rank,
 	}}
 }
@@ -134,7 +130,26 @@ func (d *Decision) P2PAddress() string {
 	if src == nil {
 		return ""
 	}
-	return net.JoinHostPort(src.RemoteHost, strconv.Itoa(src.RemotePort))
+	host := src.RemoteHost
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return host + ":" + strconv.Itoa(src.RemotePort)
+}
+
+// podHost returns the host of a pod address "host:port", "[v6]:port" or
+// bare "host". It avoids package net, whose resolver would bring cgo in.
+func podHost(pod string) string {
+	if strings.HasPrefix(pod, "[") {
+		if i := strings.IndexByte(pod, ']'); i > 0 {
+			return pod[1:i]
+		}
+		return pod
+	}
+	if i := strings.LastIndexByte(pod, ':'); i >= 0 && strings.IndexByte(pod, ':') == i {
+		return pod[:i]
+	}
+	return pod
 }
 
 // Pick decides whether req's destination should pull a prefix from a peer,

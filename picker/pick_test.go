@@ -441,6 +441,8 @@ func TestDecisionRendersSourceForLLMDAndVLLM(t *testing.T) {
 			`{"remote_kv_source":{"kv_request_id":"req-1","remote_host":"fd00::2","remote_port":5710}}`},
 		{"pod without port", index.Holder{Pod: "pod-2.svc"}, 0, "pod-2.svc",
 			`{"remote_kv_source":{"kv_request_id":"req-1","remote_host":"pod-2.svc","remote_port":5710}}`},
+		{"bare ipv6 without port", index.Holder{Pod: "fd00::2"}, 0, "fd00::2",
+			`{"remote_kv_source":{"kv_request_id":"req-1","remote_host":"fd00::2","remote_port":5710}}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPicker(t, fleet(keys, holding{tc.src, index.TierCPU, 0, 8}), Config{P2PPort: tc.port})
@@ -454,8 +456,13 @@ func TestDecisionRendersSourceForLLMDAndVLLM(t *testing.T) {
 			require.JSONEq(t, tc.json, string(b))
 		})
 	}
-	p := newPicker(t, newBrute(), Config{})
+	p := newPicker(t, fleet(keys, holding{index.Holder{Pod: "[fd00::2]:8000", Rank: 2}, index.TierCPU, 0, 8}), Config{})
 	d, err := p.Pick(Request{ID: "x", Model: model, Keys: keys, Destination: dst})
+	require.NoError(t, err)
+	require.Equal(t, "[fd00::2]:5712", d.P2PAddress())
+
+	p = newPicker(t, newBrute(), Config{})
+	d, err = p.Pick(Request{ID: "x", Model: model, Keys: keys, Destination: dst})
 	require.NoError(t, err)
 	name, value := d.Header()
 	require.Empty(t, name)
