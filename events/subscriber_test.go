@@ -1,0 +1,414 @@
+package events
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+)
+
+const waitLong = 10 * time.Second
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func localEP(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
+func anyEP(port int) string   { return fmt.Sprintf("tcp://*:%d", port) }
+
+// startSubscriber runs a subscriber until the test ends.
+func startSubscriber(t testing.TB, cfg Config) *Subscriber {
+	t.Helper()
+	s, err := NewSubscriber(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return s
+}
+
+func newPublisher(t testing.TB, cfg PublisherConfig) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	return p
+}
+
+// warmUp publishes empty batches until the subscriber applies one, so that
+// the PUB/SUB connection is up before the test's own batches.
+func warmUp(t testing.TB, p *Publisher, s *Subscriber, rank int) {
+	t.Helper()
+	before := s.Stats().Batches
+	empty := Batch{TS: 1, DPRank: rank, HasDPRank: true}
+	require.Eventually(t, func() bool {
+		_, err := p.Publish(&empty)
+		require.NoError(t, err)
+		return s.Stats().Batches > before
+	}, waitLong, 20*time.Millisecond, "no batch reached the subscriber")
+	// Let batches still in flight land before the test measures anything.
+	n := s.Stats().Messages
+	require.Eventually(t, func() bool {
+		time.Sleep(50 * time.Millisecond)
+		m := s.Stats().Messages
+		ok := m == n
+		n = m
+		return ok
+	}, waitLong, time.Millisecond)
+}
+
+func stored(rank int, parent *uint64, keys ...uint64) Batch {
+	e := Event{Type: EventBlockStored, BlockHashes: keys, BlockSize: 4, Medium: "GPU"}
+	if parent != nil {
+		e.Parent, e.HasParent = *parent, true
+	}
+	return Batch{TS: 1, DPRank: rank, HasDPRank: true, Events: []Event{e}}
+}
+
+func publish(t testing.TB, p *Publisher, bs ...Batch) {
+	t.Helper()
+	for i := range bs {
+		_, err := p.Publish(&bs[i])
+		require.NoError(t, err)
+	}
+}
+
+func ptr(v uint64) *uint64 { return &v }
+
+func statusOf(s *Subscriber, h index.Holder) HolderStatus {
+	for _, st := range s.Status() {
+		if st.Holder() == h {
+			return st
+		}
+	}
+	return HolderStatus{}
+}
+
+func requireKeys(t testing.TB, sink *recSink, model string, h index.Holder, tier string, want ...uint64) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got := sink.keys(model, h, tier)
+		if len(got) != len(want) {
+			return false
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				return false
+			}
+		}
+		return true
+	}, waitLong, 10*time.Millisecond, "want %v, have %v", want, sink.keys(model, h, tier))
+}
+
+const testModel = "org/llama@v2"
+
+func TestParseTopic(t *testing.T) {
+	tests := []struct {
+		topic, pod, model string
+		ok                bool
+	}{
+		{"kv@10.0.0.1:8000@meta/llama", "10.0.0.1:8000", "meta/llama", true},
+		{"kv@pod-a@org/model@v2", "pod-a", "org/model@v2", true},
+		{"kv@[::1]:8000@m", "[::1]:8000", "m", true},
+		{"kv@pod@", "pod", "", true},
+		{"kv@pod", "", "", false},
+		{"kv@@model", "", "", false},
+		{"xx@pod@model", "", "", false},
+		{"", "", "", false},
+	}
+	for _, tc := range tests {
+		pod, model, ok := ParseTopic(tc.topic)
+		require.Equal(t, tc.ok, ok, tc.topic)
+		require.Equal(t, tc.pod, pod, tc.topic)
+		require.Equal(t, tc.model, model, tc.topic)
+	}
+}
+
+func TestNewSubscriberRejectsBadConfig(t *testing.T) {
+	_, err := NewSubscriber(Config{})
+	require.ErrorIs(t, err, ErrConfig)
+	_, err = NewSubscriber(Config{Sink: newRecSink(), Bind: []string{"127.0.0.1:5557"}})
+	require.ErrorIs(t, err, ErrBadEndpoint)
+	sha, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	_, err = NewSubscriber(Config{Sink: newRecSink(), ContentKeys: sha})
+	require.ErrorIs(t, err, ErrConfig)
+	s, err := NewSubscriber(Config{Sink: newRecSink()})
+	require.NoError(t, err)
+	require.ErrorIs(t, s.AddPod("p", "localhost:1", ""), ErrBadEndpoint)
+	require.ErrorIs(t, s.AddPod("", "tcp://127.0.0.1:1", ""), ErrConfig)
+}
+
+func TestBindModeKeepsRanksApartAndMapsTopics(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, TopicPrefix: "kv@"})
+	topic := "kv@10.0.0.1:8000@" + testModel
+	p0 := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: topic})
+	p1 := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: topic, Layout: LayoutArray})
+	other := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "other@x@y"})
+	warmUp(t, p0, s, 0)
+	warmUp(t, p1, s, 1)
+	publish(t, p0, stored(0, nil, 1, 2), stored(0, ptr(2), 3))
+	publish(t, p1, stored(1, nil, 11, 12))
+	publish(t, other, stored(0, nil, 99))
+	r0, r1 := index.Holder{Pod: "10.0.0.1:8000"}, index.Holder{Pod: "10.0.0.1:8000", Rank: 1}
+	requireKeys(t, sink, testModel, r0, "GPU", 1, 2, 3)
+	requireKeys(t, sink, testModel, r1, "GPU", 11, 12)
+	st := statusOf(s, r1)
+	require.Equal(t, testModel, st.Model)
+	require.Equal(t, "live", st.State)
+	require.Zero(t, s.Stats().BadMessages, "the prefix filter keeps other topics out")
+}
+
+func TestBindModeCountsTopicsTheMapperRejects(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
+	p := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "not-a-kv-topic"})
+	require.Eventually(t, func() bool {
+		publish(t, p, stored(0, nil, 5))
+		return s.Stats().BadMessages > 0
+	}, waitLong, 20*time.Millisecond)
+	require.Zero(t, s.Stats().Batches)
+}
+
+func TestConnectModeAddsAndRemovesPodsAtRunTime(t *testing.T) {
+	t.Parallel()
+	pa, pb := freePort(t), freePort(t)
+	sink := newRecSink()
+	// A caller-supplied mapper: the model is the whole topic.
+	s := startSubscriber(t, Config{Sink: sink, Topic: func(topic string) (string, string, bool) { return "", topic, true }})
+	a := newPublisher(t, PublisherConfig{Endpoint: anyEP(pa), Topic: "m1"})
+	b := newPublisher(t, PublisherConfig{Endpoint: anyEP(pb), Topic: "m1", Layout: LayoutArray, Trim: 5})
+	require.NoError(t, s.AddPod("pod-a", localEP(pa), ""))
+	require.NoError(t, s.AddPod("pod-b", localEP(pb), ""))
+	warmUp(t, a, s, 0)
+	warmUp(t, b, s, 0)
+	publish(t, a, stored(0, nil, 1))
+	publish(t, b, stored(0, nil, 2))
+	ha, hb := index.Holder{Pod: "pod-a"}, index.Holder{Pod: "pod-b"}
+	requireKeys(t, sink, "m1", ha, "GPU", 1)
+	requireKeys(t, sink, "m1", hb, "GPU", 2)
+
+	s.RemovePod("pod-b")
+	require.Eventually(t, func() bool {
+		publish(t, a, stored(0, nil, 10))
+		publish(t, b, stored(0, nil, 20))
+		return len(sink.keys("m1", ha, "GPU")) > 1
+	}, waitLong, 50*time.Millisecond)
+	before := s.Stats().Messages
+	time.Sleep(200 * time.Millisecond) // let any message sent before removal land
+	publish(t, b, stored(0, nil, 21))
+	publish(t, a, stored(0, nil, 11))
+	requireKeys(t, sink, "m1", ha, "GPU", 1, 10, 11)
+	require.NotContains(t, sink.keys("m1", hb, "GPU"), uint64(21))
+	require.Greater(t, s.Stats().Messages, before)
+}
+
+func TestGapIsRecoveredByReplayInBothFormats(t *testing.T) {
+	for _, format := range []ReplayFormat{ReplayV26, ReplayV25} {
+		t.Run(fmt.Sprint(format), func(t *testing.T) {
+			t.Parallel()
+			port, rport := freePort(t), freePort(t)
+			sink := newRecSink()
+			s := startSubscriber(t, Config{Sink: sink})
+			var drop atomic.Int64
+			drop.Store(-1)
+			p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m",
+				ReplayFormat: format, Drop: func(seq uint64) bool { return int64(seq) == drop.Load() }})
+			require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+			warmUp(t, p, s, 0)
+			h := index.Holder{Pod: "pod"}
+			// Joining after seq 0 may already have fetched the earlier batches.
+			replaysBefore := statusOf(s, h).Replays
+			seq, err := p.Publish(&Batch{TS: 1, HasDPRank: true})
+			require.NoError(t, err)
+			drop.Store(int64(seq + 2))
+			publish(t, p, stored(0, nil, 1), stored(0, ptr(1), 2), stored(0, ptr(2), 3))
+			requireKeys(t, sink, "m", h, "GPU", 1, 2, 3)
+			st := statusOf(s, h)
+			require.Equal(t, uint64(1), st.Gaps)
+			require.Equal(t, replaysBefore+1, st.Replays)
+			require.Zero(t, st.Unrecovered)
+			require.Zero(t, sink.clearCount(h))
+			require.Equal(t, "live", st.State)
+			require.Equal(t, seq+3, st.LastSeq)
+		})
+	}
+}
+
+func TestUnrecoverableGapFollowsThePolicy(t *testing.T) {
+	tests := []struct {
+		policy    GapPolicy
+		keys      []uint64
+		state     string
+		cleared   int
+		afterClrd string
+	}{
+		{GapClear, []uint64{3}, "live", 1, "live"},
+		{GapKeep, []uint64{1, 3}, "stale", 0, "live"},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprint(tc.policy), func(t *testing.T) {
+			t.Parallel()
+			port := freePort(t)
+			sink := newRecSink()
+			s := startSubscriber(t, Config{Sink: sink, Gap: tc.policy})
+			var drop atomic.Int64
+			drop.Store(-1)
+			p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), Topic: "kv@pod@m",
+				Drop: func(seq uint64) bool { return int64(seq) == drop.Load() }})
+			require.NoError(t, s.AddPod("pod", localEP(port), ""))
+			warmUp(t, p, s, 0)
+			seq, err := p.Publish(&Batch{TS: 1, HasDPRank: true})
+			require.NoError(t, err)
+			drop.Store(int64(seq + 2))
+			// Block 1 stored, the batch removing it lost, block 3 stored.
+			publish(t, p, stored(0, nil, 1))
+			publish(t, p, Batch{TS: 1, HasDPRank: true, Events: []Event{{Type: EventBlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}}})
+			publish(t, p, stored(0, nil, 3))
+			h := index.Holder{Pod: "pod"}
+			requireKeys(t, sink, "m", h, "GPU", tc.keys...)
+			st := statusOf(s, h)
+			require.Equal(t, uint64(1), st.Gaps)
+			require.Equal(t, uint64(1), st.Unrecovered)
+			require.Equal(t, tc.state, st.State)
+			require.Equal(t, tc.cleared, sink.clearCount(h))
+
+			publish(t, p, Batch{TS: 1, HasDPRank: true, Events: []Event{{Type: EventAllBlocksCleared}}})
+			require.Eventually(t, func() bool { return statusOf(s, h).State == tc.afterClrd && len(sink.keys("m", h, "GPU")) == 0 },
+				waitLong, 10*time.Millisecond)
+		})
+	}
+}
+
+func TestEngineRestartClearsTheHolderThenApplies(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
+	h := index.Holder{Pod: "pod"}
+	first := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@pod@m"})
+	warmUp(t, first, s, 0)
+	for range 50 {
+		publish(t, first, Batch{TS: 1, HasDPRank: true})
+	}
+	publish(t, first, stored(0, nil, 1, 2))
+	requireKeys(t, sink, "m", h, "GPU", 1, 2)
+	require.NoError(t, first.Close())
+
+	second := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@pod@m"})
+	warmUp(t, second, s, 0)
+	publish(t, second, stored(0, nil, 7))
+	requireKeys(t, sink, "m", h, "GPU", 7)
+	st := statusOf(s, h)
+	require.Equal(t, uint64(1), st.Restarts)
+	require.Equal(t, 1, sink.clearCount(h))
+	require.Equal(t, "live", st.State)
+}
+
+func TestInitialSeqsFetchWhatARestoredRouterMissed(t *testing.T) {
+	t.Parallel()
+	port, rport := freePort(t), freePort(t)
+	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
+	// Published before the router runs: seq 0-1 are in its snapshot, 2-3
+	// are not.
+	publish(t, p, stored(0, nil, 100), stored(0, nil, 101), stored(0, nil, 102), stored(0, nil, 103))
+	h := index.Holder{Pod: "pod"}
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, InitialSeqs: map[index.Holder]uint64{h: 1}})
+	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+	warmUp(t, p, s, 0)
+	requireKeys(t, sink, "m", h, "GPU", 102, 103)
+	st := statusOf(s, h)
+	require.Equal(t, uint64(1), st.Gaps)
+	require.Equal(t, uint64(1), st.Replays)
+	require.Zero(t, st.Unrecovered)
+}
+
+func TestMalformedPayloadIsCountedAndOtherPodsKeepTheirState(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	var logs syncBuffer
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	good := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@good@m"})
+	bad := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@bad@m"})
+	warmUp(t, good, s, 0)
+	publish(t, good, stored(0, nil, 1))
+	require.Eventually(t, func() bool {
+		_, err := bad.PublishPayload([]byte{0x93, 0xc0})
+		require.NoError(t, err)
+		return s.Stats().DecodeErrors > 0
+	}, waitLong, 20*time.Millisecond)
+	publish(t, good, stored(0, nil, 2))
+	requireKeys(t, sink, "m", index.Holder{Pod: "good"}, "GPU", 1, 2)
+	st := statusOf(s, index.Holder{Pod: "bad"})
+	require.NotZero(t, st.DecodeErrors)
+	require.Equal(t, "stale", st.State, "a pod known only by malformed payloads is not trusted")
+	require.Zero(t, statusOf(s, index.Holder{Pod: "good"}).DecodeErrors)
+	require.Regexp(t, `ERROR msg="events: dropped malformed payload" pod=bad seq=\d+`, logs.String())
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestFullQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
+	t.Parallel()
+	port, rport := freePort(t), freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Workers: 1, QueueLen: 1, EnqueueTimeout: time.Millisecond})
+	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
+	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+	warmUp(t, p, s, 0)
+	sink.mu.Lock()
+	sink.block = make(chan struct{})
+	sink.mu.Unlock()
+	var want []uint64
+	for i := range uint64(40) {
+		publish(t, p, stored(0, nil, 1000+i))
+		want = append(want, 1000+i)
+	}
+	require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
+	close(sink.block)
+	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", want...)
+	st := s.Stats()
+	require.NotZero(t, st.Replays)
+	require.Zero(t, st.Unrecovered)
+}

@@ -1,0 +1,482 @@
+package events
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+)
+
+// holder is one (pod, rank) stream. The worker owning the pod alone writes
+// it; Status reads only the atomics.
+type holder struct {
+	id    index.Holder
+	src   *source
+	model string
+
+	started bool
+	next    uint64 // sequence number expected next
+	liveMax uint64 // highest sequence number received live
+	// resyncing: a message of this pod was dropped on a full queue and its
+	// gap is not resolved yet.
+	resyncing bool
+	keepStale bool // GapKeep: entries may be outdated
+
+	lastLog   time.Time
+	matched   bool // a hash agreement check ever passed
+	content   *contentMap
+	statModel atomic.Pointer[string]
+
+	lastSeq, gaps, replays, unrecovered, restarts atomic.Uint64
+	hashChecks, hashMismatches                   atomic.Uint64
+	stale                                        atomic.Bool
+}
+
+func (h *holder) status() HolderStatus {
+	st := HolderStatus{
+		Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), Gaps: h.gaps.Load(),
+		Replays: h.replays.Load(), Unrecovered: h.unrecovered.Load(), Restarts: h.restarts.Load(),
+		HashChecks: h.hashChecks.Load(), HashMismatches: h.hashMismatches.Load(), State: "live",
+	}
+	if m := h.statModel.Load(); m != nil {
+		st.Model = *m
+	}
+	if h.stale.Load() {
+		st.State = "stale"
+	}
+	return st
+}
+
+func (h *holder) setStale() { h.stale.Store(h.keepStale || h.resyncing) }
+
+type worker struct {
+	s       *Subscriber
+	in      chan message
+	holders map[index.Holder]*holder
+
+	dec, rdec     *Decoder
+	batch, rbatch Batch
+	keys, keys2   []uint64
+	extra         [][]hashing.ExtraKey
+
+	resyncMu   sync.Mutex
+	resyncPods map[string]struct{}
+	resyncSig  chan struct{}
+}
+
+func newWorker(s *Subscriber) *worker {
+	return &worker{
+		s: s, in: make(chan message, s.cfg.QueueLen), holders: map[index.Holder]*holder{},
+		dec: NewDecoder(), rdec: NewDecoder(),
+		resyncPods: map[string]struct{}{}, resyncSig: make(chan struct{}, 1),
+	}
+}
+
+func (w *worker) run() {
+	for {
+		select {
+		case m, ok := <-w.in:
+			if !ok {
+				return
+			}
+			w.handle(m)
+		case <-w.resyncSig:
+			w.resync()
+		}
+	}
+}
+
+// markResync is called by the receive loop after dropping a message of pod.
+func (w *worker) markResync(pod string) {
+	w.resyncMu.Lock()
+	w.resyncPods[pod] = struct{}{}
+	w.resyncMu.Unlock()
+	select {
+	case w.resyncSig <- struct{}{}:
+	default:
+	}
+}
+
+// resync handles pods that lost a message to a full queue: holders with a
+// replay endpoint fetch everything after what they applied; the others are
+// stale until their next message shows the gap, which the gap policy then
+// resolves.
+func (w *worker) resync() {
+	w.resyncMu.Lock()
+	pods := w.resyncPods
+	w.resyncPods = map[string]struct{}{}
+	w.resyncMu.Unlock()
+	for _, h := range w.holders {
+		if _, ok := pods[h.id.Pod]; !ok || !h.started {
+			continue
+		}
+		if ep := replayFor(h.src, h.id.Rank); ep != "" {
+			w.replay(h, ep, h.next)
+			continue
+		}
+		h.resyncing = true
+		h.setStale()
+	}
+}
+
+// replayFor returns the replay endpoint serving rank of src, "" when none.
+func replayFor(src *source, rank int) string {
+	if src.replay == "" || !src.perRank || rank == 0 {
+		return src.replay
+	}
+	return offsetPort(src.replay, rank)
+}
+
+// offsetPort adds off to a tcp:// endpoint's port, as vLLM does for
+// data-parallel ranks; other transports get a "_dp<rank>" suffix.
+func offsetPort(ep string, off int) string {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return ep + "_dp" + strconv.Itoa(off)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return ep
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return ep
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+off))
+}
+
+func (w *worker) holder(src *source, rank int, model string) *holder {
+	id := index.Holder{Pod: src.pod, Rank: rank}
+	h := w.holders[id]
+	if h == nil {
+		h = &holder{id: id}
+		if seq, ok := w.s.cfg.InitialSeqs[id]; ok {
+			h.started, h.next, h.liveMax = true, seq+1, seq
+			h.lastSeq.Store(seq)
+		}
+		if w.s.cfg.ContentKeys != nil {
+			h.content = newContentMap(w.s.cfg.ContentMapSize)
+		}
+		w.holders[id] = h
+		w.s.holders.Store(id, h)
+	}
+	h.src = src
+	if h.model != model {
+		h.model = model
+		h.statModel.Store(&model)
+	}
+	return h
+}
+
+func (w *worker) handle(m message) {
+	if err := w.dec.Decode(m.payload, &w.batch); err != nil {
+		w.decodeError(m.src.pod, m.seq, err)
+		return
+	}
+	h := w.holder(m.src, w.batch.DPRank, m.model)
+	seq := m.seq
+	switch {
+	case !h.started:
+		// An empty holder joining a running engine: whatever it applies is
+		// a subset of the engine's blocks, so earlier sequence numbers are
+		// fetched when possible but are no gap.
+		h.started = true
+		if ep := replayFor(h.src, h.id.Rank); ep != "" && seq > 0 {
+			w.replay(h, ep, 0)
+		}
+	case seq == h.next:
+	case seq > h.next:
+		w.s.c.gaps.Add(1)
+		h.gaps.Add(1)
+		w.s.log.Warn("events: sequence gap", "pod", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
+		if ep := replayFor(h.src, h.id.Rank); ep != "" {
+			w.replay(h, ep, h.next)
+		}
+		if seq > h.next {
+			w.unrecovered(h, h.next, seq-1, "no replay endpoint or replay failed")
+		}
+	case seq > h.liveMax:
+		// Already applied from a replay that ran ahead of the live stream.
+		w.s.c.dups.Add(1)
+		h.liveMax = seq
+		return
+	default:
+		w.restart(h, seq)
+	}
+	h.liveMax = max(h.liveMax, seq)
+	if seq < h.next {
+		w.s.c.dups.Add(1)
+		return
+	}
+	w.apply(h, &w.batch, seq)
+}
+
+func (w *worker) decodeError(pod string, seq uint64, err error) {
+	w.s.c.decodeErrors.Add(1)
+	w.s.podCounters(pod).decodeErrors.Add(1)
+	w.s.log.Error("events: dropped malformed payload", "pod", pod, "seq", seq, "err", err)
+}
+
+// restart handles a sequence number that went backwards: a new engine
+// process with an empty cache.
+func (w *worker) restart(h *holder, seq uint64) {
+	w.s.c.restarts.Add(1)
+	h.restarts.Add(1)
+	w.s.log.Warn("events: engine restarted (sequence went backwards), clearing its entries",
+		"pod", h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq)
+	w.s.cfg.Sink.ClearHolder(h.model, h.id, "")
+	if h.content != nil {
+		h.content.reset()
+	}
+	h.next, h.liveMax = seq, seq
+	h.keepStale, h.resyncing = false, false
+	h.matched = false
+	h.setStale()
+}
+
+// unrecovered applies the gap policy to a range of batches that are lost.
+func (w *worker) unrecovered(h *holder, from, to uint64, why string) {
+	w.s.c.unrecovered.Add(1)
+	h.unrecovered.Add(1)
+	h.resyncing = false
+	if w.s.cfg.Gap == GapKeep {
+		w.s.log.Warn("events: lost batches, holder stale until the engine clears or restarts",
+			"pod", h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
+		h.keepStale = true
+	} else {
+		w.s.log.Warn("events: lost batches, clearing the holder's entries",
+			"pod", h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
+		w.s.cfg.Sink.ClearHolder(h.model, h.id, "")
+	}
+	h.next = to + 1
+	h.setStale()
+}
+
+// replay fetches the batches from seq from on and applies those that follow
+// on what h applied, in order. A range the engine no longer buffers is
+// handed to the gap policy (except before h's first batch).
+func (w *worker) replay(h *holder, endpoint string, from uint64) {
+	sock, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		w.replayFailed(h, endpoint, err)
+		return
+	}
+	defer sock.Close()
+	_ = sock.SetLinger(0)
+	if err := sock.Connect(endpoint); err != nil {
+		w.replayFailed(h, endpoint, err)
+		return
+	}
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], from)
+	if _, err := sock.SendMessage("", start[:]); err != nil {
+		w.replayFailed(h, endpoint, err)
+		return
+	}
+	fresh := h.next == 0 && from == 0
+	deadline := time.Now().Add(w.s.cfg.ReplayTimeout)
+	poller := zmq.NewPoller()
+	poller.Add(sock, zmq.POLLIN)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			w.replayFailed(h, endpoint, errors.New("timed out"))
+			return
+		}
+		polled, err := poller.Poll(left)
+		if err != nil {
+			w.replayFailed(h, endpoint, err)
+			return
+		}
+		if len(polled) == 0 {
+			continue
+		}
+		frames, err := sock.RecvMessageBytes(0)
+		if err != nil {
+			w.replayFailed(h, endpoint, err)
+			return
+		}
+		// v26: [empty, topic, seq, payload]; v25: [empty, seq, payload].
+		if (len(frames) != 3 && len(frames) != 4) || len(frames[0]) != 0 || len(frames[len(frames)-2]) != 8 {
+			w.replayFailed(h, endpoint, fmt.Errorf("bad reply framing (%d frames)", len(frames)))
+			return
+		}
+		seqb := frames[len(frames)-2]
+		seq := binary.BigEndian.Uint64(seqb)
+		if seq == ^uint64(0) {
+			w.s.c.replays.Add(1)
+			h.replays.Add(1)
+			return
+		}
+		if seq < h.next {
+			continue
+		}
+		if err := w.rdec.Decode(frames[len(frames)-1], &w.rbatch); err != nil {
+			w.decodeError(h.id.Pod, seq, err)
+			continue
+		}
+		if w.rbatch.DPRank != h.id.Rank {
+			continue
+		}
+		if seq > h.next && !fresh {
+			w.unrecovered(h, h.next, seq-1, "range no longer in the replay buffer")
+		}
+		fresh = false
+		w.s.c.replayed.Add(1)
+		w.apply(h, &w.rbatch, seq)
+	}
+}
+
+func (w *worker) replayFailed(h *holder, endpoint string, err error) {
+	w.s.c.replayErrors.Add(1)
+	w.s.log.Warn("events: replay failed", "pod", h.id.Pod, "rank", h.id.Rank, "endpoint", endpoint, "err", err)
+}
+
+// apply applies one batch of h with sequence number seq to the sink.
+func (w *worker) apply(h *holder, b *Batch, seq uint64) {
+	sink := w.s.cfg.Sink
+	var blocks uint64
+	for i := range b.Events {
+		e := &b.Events[i]
+		switch e.Type {
+		case EventBlockStored:
+			blocks += uint64(len(e.BlockHashes))
+			if w.s.cfg.Hasher != nil {
+				w.checkAgreement(h, e, seq)
+			}
+			if h.content != nil {
+				w.storeContent(h, e)
+				continue
+			}
+			if len(e.BlockHashes) > 0 {
+				sink.Store(h.model, h.id, e.Medium, e.GroupIdx, e.Parent, e.HasParent, e.BlockHashes)
+			}
+		case EventBlockRemoved:
+			blocks += uint64(len(e.BlockHashes))
+			keys := e.BlockHashes
+			if h.content != nil {
+				keys = w.resolve(h, keys)
+			}
+			if len(keys) > 0 {
+				sink.Remove(h.model, h.id, e.Medium, e.GroupIdx, keys)
+			}
+		case EventAllBlocksCleared:
+			// vLLM's prefix-cache reset; every tier is cleared, so that no
+			// pull is ever sent for a block the reset dropped.
+			sink.ClearHolder(h.model, h.id, "")
+			h.keepStale = false
+		default:
+			w.s.c.unknown.Add(1)
+			continue
+		}
+	}
+	w.s.c.events.Add(uint64(len(b.Events)))
+	w.s.c.blocks.Add(blocks)
+	w.s.c.batches.Add(1)
+	h.next = seq + 1
+	h.resyncing = false
+	h.lastSeq.Store(seq)
+	h.setStale()
+}
+
+// request returns the hashing request that reproduce e's extra keys: the
+// event's own tuples when it carries any, else its LoRA name.
+func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
+	req := hashing.Request{Tokens: tokens}
+	if !e.HasExtraKeys {
+		req.LoRAName = e.LoRAName
+		return req, nil
+	}
+	some := false
+	for _, raw := range e.ExtraKeys {
+		if raw != nil {
+			some = true
+			break
+		}
+	}
+	if !some {
+		return req, nil
+	}
+	w.extra = w.extra[:0]
+	for _, raw := range e.ExtraKeys {
+		if raw == nil {
+			w.extra = append(w.extra, nil)
+			continue
+		}
+		keys, err := ExtraKeys(raw)
+		if err != nil {
+			return req, err
+		}
+		w.extra = append(w.extra, keys)
+	}
+	req.Extra = w.extra
+	return req, nil
+}
+
+// checkAgreement recomputes the keys of a BlockStored that starts at block 0
+// and compares them with the engine's.
+func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
+	n := len(e.BlockHashes)
+	if e.HasParent || n == 0 || e.GroupIdx != 0 || len(e.TokenIDs) != n*e.BlockSize {
+		return
+	}
+	w.s.c.hashChecks.Add(1)
+	h.hashChecks.Add(1)
+	cfg := w.s.cfg.Hasher.Config()
+	cause := ""
+	if e.BlockSize != cfg.BlockSize {
+		cause = fmt.Sprintf("block size: the engine uses %d, the router %d", e.BlockSize, cfg.BlockSize)
+	} else {
+		req, err := w.request(e, e.TokenIDs)
+		if err == nil {
+			w.keys, err = w.s.cfg.Hasher.BlockKeys(w.keys[:0], req)
+		}
+		switch {
+		case err != nil:
+			cause = "cannot recompute: " + err.Error()
+		case len(w.keys) != n:
+			cause = fmt.Sprintf("recomputed %d blocks for the engine's %d", len(w.keys), n)
+		default:
+			for i, k := range w.keys {
+				if k != e.BlockHashes[i] {
+					cause = fmt.Sprintf("block %d differs", i)
+					break
+				}
+			}
+		}
+	}
+	if cause == "" {
+		h.matched = true
+		return
+	}
+	// Without the event's extra keys a multimodal item or cache salt the
+	// router cannot see changes the hash; such a lone mismatch on a holder
+	// that agreed before is not evidence of a settings mismatch.
+	if !e.HasExtraKeys && e.BlockSize == cfg.BlockSize && h.matched {
+		return
+	}
+	w.s.c.hashMismatches.Add(1)
+	h.hashMismatches.Add(1)
+	now := time.Now()
+	if now.Sub(h.lastLog) < w.s.cfg.MismatchLogInterval {
+		return
+	}
+	h.lastLog = now
+	w.s.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss. "+
+		"Likely causes: a different --prefix-caching-hash-algo, PYTHONHASHSEED (xxhash algorithms need an explicit seed), "+
+		"block size, or VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES setting than the router's hashing.Config; "+
+		"if the engine's hashes cannot be reproduced, use content-key mode",
+		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
+		"router_algo", string(cfg.Algo), "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
+		"mismatches", h.hashMismatches.Load())
+}
