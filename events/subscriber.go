@@ -169,9 +169,9 @@ type HolderStatus struct {
 func (s HolderStatus) Holder() index.Holder { return index.Holder{Pod: s.Pod, Rank: s.Rank} }
 
 type counters struct {
-	messages, badMessages, batches, events, blocks, unknown, decodeErrors   atomic.Uint64
-	gaps, replays, replayErrors, replayed, unrecovered, restarts, dups      atomic.Uint64
-	queueFull, hashChecks, hashMismatches, unresolved                       atomic.Uint64
+	messages, badMessages, batches, events, blocks, unknown, decodeErrors atomic.Uint64
+	gaps, replays, replayErrors, replayed, unrecovered, restarts, dups    atomic.Uint64
+	queueFull, hashChecks, hashMismatches, unresolved                     atomic.Uint64
 }
 
 // Subscriber receives KV events from engines and applies them to a Sink.

@@ -38,8 +38,8 @@ type holder struct {
 	statModel atomic.Pointer[string]
 
 	lastSeq, gaps, replays, unrecovered, restarts atomic.Uint64
-	hashChecks, hashMismatches                   atomic.Uint64
-	stale                                        atomic.Bool
+	hashChecks, hashMismatches                    atomic.Uint64
+	stale                                         atomic.Bool
 }
 
 func (h *holder) status() HolderStatus {
