@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -352,7 +353,7 @@ func TestMalformedPayloadIsCountedAndOtherPodsKeepTheirState(t *testing.T) {
 	port := freePort(t)
 	sink := newRecSink()
 	var logs syncBuffer
-	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, Logger: newTextLogger(&logs)})
 	good := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@good@m"})
 	bad := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@bad@m"})
 	warmUp(t, good, s, 0)
@@ -370,6 +371,8 @@ func TestMalformedPayloadIsCountedAndOtherPodsKeepTheirState(t *testing.T) {
 	require.Zero(t, statusOf(s, index.Holder{Pod: "good"}).DecodeErrors)
 	require.Regexp(t, `ERROR msg="events: dropped malformed payload" pod=bad seq=\d+`, logs.String())
 }
+
+func newTextLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 
 // syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
 type syncBuffer struct {

@@ -1,0 +1,234 @@
+package events
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+)
+
+const python = "/usr/bin/python3"
+
+var pyCheck = sync.OnceValue(func() error {
+	return exec.Command(python, "-c", "import zmq, msgpack").Run()
+})
+
+// runPyPublisher runs the shared model of vLLM's publisher with args,
+// feeding it batches as JSON lines, and waits for it to exit.
+func runPyPublisher(t *testing.T, args []string, batches ...map[string]any) {
+	t.Helper()
+	if err := pyCheck(); err != nil {
+		t.Skipf("%s lacks python3-zmq or python3-msgpack (%v): interop with the vLLM publisher model not tested", python, err)
+	}
+	var in bytes.Buffer
+	for _, b := range batches {
+		line, err := json.Marshal(b)
+		require.NoError(t, err)
+		in.Write(append(line, '\n'))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Short waits keep the package's tests fast; args may override them.
+	args = append([]string{sharedPath(t, "interop", "vllm_publisher.py"), "--warmup", "0.3", "--linger", "0.2"}, args...)
+	cmd := exec.CommandContext(ctx, python, args...)
+	cmd.Stdin = &in
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "publisher output:\n%s", out)
+}
+
+func pyStored(hashes []uint64, parent any, tokens []uint32, extra ...any) map[string]any {
+	if tokens == nil {
+		tokens = []uint32{}
+	}
+	ev := map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+		"token_ids": tokens, "block_size": 4}
+	if len(extra) == 2 {
+		ev[extra[0].(string)] = extra[1]
+	}
+	return ev
+}
+
+func pyBatch(events ...map[string]any) map[string]any {
+	return map[string]any{"events": events, "dp_rank": 0, "ts": 1.5}
+}
+
+func seqTokens(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}
+
+// interopEvents stores a chain 1-2-3 in GPU, evicts 1 from GPU and
+// offloads 2 to CPU with a legacy token-less event.
+var interopEvents = []map[string]any{
+	pyBatch(pyStored([]uint64{1, 2}, nil, seqTokens(0, 8))),
+	pyBatch(pyStored([]uint64{3}, 2, seqTokens(8, 4))),
+	pyBatch(map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{1}, "medium": "GPU"},
+		pyStored([]uint64{2}, nil, nil, "medium", "CPU")),
+}
+
+func TestInteropWithVLLMPublisherModel(t *testing.T) {
+	const topic = "kv@10.1.2.3:8000@org/llama@v2"
+	h := index.Holder{Pod: "10.1.2.3:8000"}
+	tests := []struct {
+		name    string
+		bind    bool // the subscriber binds, the engine connects
+		args    []string
+		batches []map[string]any
+		gpu     []uint64
+		cpu     []uint64
+	}{
+		{"bind mode, map layout", true, []string{"--layout", "map"}, interopEvents, []uint64{2, 3}, []uint64{2}},
+		{"connect mode, array layout", false, []string{"--layout", "array"}, interopEvents, []uint64{2, 3}, []uint64{2}},
+		{"connect mode, v0.9 arrays", false, []string{"--layout", "array", "--trim", "5"}, interopEvents[:2], []uint64{1, 2, 3}, nil},
+		{"bind mode, raw digest hashes", true, []string{"--layout", "map"}, []map[string]any{
+			{"events": []any{map[string]any{"type": "BlockStored", "block_hashes": []any{map[string]any{"hex": "00ff000000000000000000000000000000000000000000000000000000000009"}},
+				"parent_block_hash": nil, "token_ids": seqTokens(0, 4), "block_size": 4}}},
+		}, []uint64{9}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			port := freePort(t)
+			sink := newRecSink()
+			cfg := Config{Sink: sink, TopicPrefix: "kv@"}
+			args := append([]string{"--topic", topic}, tc.args...)
+			if tc.bind {
+				cfg.Bind = []string{localEP(port)}
+				args = append(args, "--endpoint", localEP(port))
+			} else {
+				args = append(args, "--endpoint", anyEP(port))
+			}
+			s := startSubscriber(t, cfg)
+			if !tc.bind {
+				require.NoError(t, s.AddPod(h.Pod, localEP(port), ""))
+			}
+			runPyPublisher(t, args, tc.batches...)
+			requireKeys(t, sink, "org/llama@v2", h, "GPU", tc.gpu...)
+			requireKeys(t, sink, "org/llama@v2", h, "CPU", tc.cpu...)
+			st := statusOf(s, h)
+			require.Equal(t, uint64(len(tc.batches)-1), st.LastSeq)
+			require.Zero(t, st.Gaps)
+			require.Zero(t, s.Stats().DecodeErrors)
+		})
+	}
+}
+
+func TestInteropDroppedSequenceIsReplayedInBothFormats(t *testing.T) {
+	for _, format := range []string{"v26", "v25"} {
+		for _, bind := range []bool{false, true} {
+			t.Run(format+"/bind="+strconv.FormatBool(bind), func(t *testing.T) {
+				t.Parallel()
+				port, rport := freePort(t), freePort(t)
+				sink := newRecSink()
+				cfg := Config{Sink: sink}
+				args := []string{"--topic", "kv@pod@m", "--replay", localEP(rport), "--replay-layout", format,
+					"--drop-seq", "1", "--drop-seq", "2", "--linger", "0.5"}
+				if bind {
+					cfg.Bind = []string{localEP(port)}
+					args = append(args, "--endpoint", localEP(port))
+				} else {
+					args = append(args, "--endpoint", anyEP(port))
+				}
+				s := startSubscriber(t, cfg)
+				if bind {
+					require.NoError(t, s.AddPod("pod", "", localEP(rport)))
+				} else {
+					require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+				}
+				runPyPublisher(t, args,
+					pyBatch(pyStored([]uint64{1}, nil, seqTokens(0, 4))),
+					pyBatch(pyStored([]uint64{2}, 1, seqTokens(4, 4))),
+					pyBatch(map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{1}, "medium": "GPU"}),
+					pyBatch(pyStored([]uint64{3}, 2, seqTokens(8, 4))),
+				)
+				h := index.Holder{Pod: "pod"}
+				requireKeys(t, sink, "m", h, "GPU", 2, 3)
+				st := statusOf(s, h)
+				require.Equal(t, uint64(1), st.Gaps)
+				require.Equal(t, uint64(1), st.Replays)
+				require.Zero(t, st.Unrecovered)
+				require.Zero(t, sink.clearCount(h))
+				require.Equal(t, uint64(3), st.LastSeq)
+			})
+		}
+	}
+}
+
+func TestInteropEngineRestartClearsTheHolder(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
+	args := []string{"--topic", "kv@pod@m", "--endpoint", localEP(port)}
+	h := index.Holder{Pod: "pod"}
+	runPyPublisher(t, args, interopEvents...)
+	requireKeys(t, sink, "m", h, "GPU", 2, 3)
+	runPyPublisher(t, args, pyBatch(pyStored([]uint64{7}, nil, seqTokens(100, 4))))
+	requireKeys(t, sink, "m", h, "GPU", 7)
+	requireKeys(t, sink, "m", h, "CPU")
+	st := statusOf(s, h)
+	require.Equal(t, uint64(1), st.Restarts)
+	require.Equal(t, uint64(0), st.LastSeq)
+}
+
+func TestInteropHashMismatchIsReportedOnlyForAnotherSeed(t *testing.T) {
+	engine, err := hashing.New(hashing.Config{Algo: hashing.SHA256CBOR, Seed: "engine-seed", BlockSize: 4})
+	require.NoError(t, err)
+	tokens := seqTokens(500, 8)
+	plain, err := engine.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	lora, err := engine.BlockKeys(nil, hashing.Request{Tokens: tokens, LoRAName: "my-lora"})
+	require.NoError(t, err)
+	batches := []map[string]any{
+		pyBatch(pyStored(plain, nil, tokens)),
+		pyBatch(pyStored(lora, nil, tokens, "extra_keys", [][]string{{"my-lora"}, {"my-lora"}})),
+		pyBatch(pyStored(lora, nil, tokens, "lora_name", "my-lora")),
+	}
+	tests := []struct {
+		name       string
+		cfg        hashing.Config
+		mismatches uint64
+	}{
+		{"same settings", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "engine-seed", BlockSize: 4}, 0},
+		{"another seed", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "router-seed", BlockSize: 4}, 3},
+		{"another algorithm", hashing.Config{Algo: hashing.SHA256, Seed: "engine-seed", BlockSize: 4}, 3},
+		{"another block size", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "engine-seed", BlockSize: 16}, 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			router, err := hashing.New(tc.cfg)
+			require.NoError(t, err)
+			port := freePort(t)
+			sink := newRecSink()
+			var logs syncBuffer
+			s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, Hasher: router,
+				Logger: newTextLogger(&logs)})
+			runPyPublisher(t, []string{"--topic", "kv@pod@m", "--endpoint", localEP(port)}, batches...)
+			h := index.Holder{Pod: "pod"}
+			require.Eventually(t, func() bool { return statusOf(s, h).HashChecks == 3 }, waitLong, 10*time.Millisecond)
+			st := statusOf(s, h)
+			require.Equal(t, tc.mismatches, st.HashMismatches)
+			require.Equal(t, tc.mismatches, s.Stats().HashMismatches)
+			if tc.mismatches == 0 {
+				require.NotContains(t, logs.String(), "disagree")
+				return
+			}
+			require.Equal(t, 1, bytes.Count([]byte(logs.String()), []byte("disagree")), "one log line per holder and interval")
+			require.Contains(t, logs.String(), "PYTHONHASHSEED")
+			require.Contains(t, logs.String(), "pod=pod")
+		})
+	}
+}
