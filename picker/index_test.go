@@ -1,0 +1,161 @@
+package picker
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+)
+
+// toIndex copies b's holdings of keys into a real index, each block stored
+// with its parent as an engine reports it.
+func toIndex(b *bruteIndex, keys []uint64) *index.Index {
+	ix := index.New(index.Config{})
+	for m, hs := range b.m {
+		for h, ts := range hs {
+			for tier, ks := range ts {
+				for i, k := range keys {
+					if ks[k] {
+						var parent uint64
+						if i > 0 {
+							parent = keys[i-1]
+						}
+						ix.Store(m, h, tier, 0, parent, i > 0, keys[i:i+1])
+					}
+				}
+			}
+		}
+	}
+	return ix
+}
+
+// TestPickAndScoreAgreeOnRealIndex runs random fleets through the picker
+// twice, over the reference index and over *index.Index, and requires the
+// same decisions and scores.
+func TestPickAndScoreAgreeOnRealIndex(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	pods := []index.Holder{dst, peerA, peerB, peerC, {Pod: "10.0.0.2:8000", Rank: 1}}
+	for iter := range 300 {
+		keys := seqKeys(1 + r.IntN(40))
+		b := newBrute()
+		for _, h := range pods {
+			for _, tier := range []string{index.TierGPU, index.TierCPU} {
+				end := r.IntN(len(keys) + 1)
+				for i := r.IntN(3); i < end; i++ {
+					if r.IntN(20) > 0 {
+						b.store(model, h, tier, keys[i])
+					}
+				}
+			}
+		}
+		ref := newPicker(t, b, Config{})
+		real := newPicker(t, toIndex(b, keys), Config{})
+		req := Request{ID: fmt.Sprint(iter), Model: model, Keys: keys, Destination: dst}
+		want, err := ref.Pick(req)
+		require.NoError(t, err)
+		got, err := real.Pick(req)
+		require.NoError(t, err)
+		want.load, got.load, want.epoch, got.epoch = nil, nil, 0, 0
+		require.Equal(t, want, got, "iteration %d", iter)
+
+		ws, err := ref.Score(req, nil)
+		require.NoError(t, err)
+		gs, err := real.Score(req, nil)
+		require.NoError(t, err)
+		require.Len(t, gs, len(ws))
+		for i := range ws {
+			require.Equal(t, ws[i].Holder, gs[i].Holder)
+			require.Equal(t, ws[i].Blocks, gs[i].Blocks)
+			require.InDelta(t, ws[i].Score, gs[i].Score, 1e-9)
+			require.ElementsMatch(t, ws[i].Tiers, gs[i].Tiers)
+		}
+	}
+}
+
+func TestPickOnRealIndexAllocatesOnlyTheMissingKeys(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts need a build without -race")
+	}
+	p, req := benchFleet(t, 8192, 16)
+	allocs := testing.AllocsPerRun(100, func() {
+		d, err := p.Pick(req)
+		if err != nil || d.Reason != ReasonPull {
+			t.Fatal(d.Reason, err)
+		}
+		d.Done()
+	})
+	require.LessOrEqual(t, allocs, 1.0)
+}
+
+// benchFleet builds a fleet for a prompt of the given length: a destination
+// holding a quarter of it on GPU and holders-1 peers holding CPU prefixes of
+// various lengths (every fourth the whole prompt) plus GPU copies.
+func benchFleet(tb testing.TB, tokens, holders int) (*Picker, Request) {
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(tb, err)
+	prompt := hashing.Request{Tokens: make([]uint32, tokens)}
+	for i := range prompt.Tokens {
+		prompt.Tokens[i] = uint32(i*2654435761) % 150000
+	}
+	keys, err := h.BlockKeys(nil, prompt)
+	require.NoError(tb, err)
+	ix := index.New(index.Config{MaxHolderBlocks: -1})
+	n := len(keys)
+	ix.Store(model, dst, index.TierGPU, 0, 0, false, keys[:n/4])
+	var cands []Candidate
+	for i := 1; i < holders; i++ {
+		peer := index.Holder{Pod: fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256)}
+		cpu := n
+		if i%4 != 0 {
+			cpu = n * (holders - i) / holders
+		}
+		ix.Store(model, peer, index.TierCPU, 0, 0, false, keys[:cpu])
+		ix.Store(model, peer, index.TierGPU, 0, 0, false, keys[:cpu/2])
+		cands = append(cands, Candidate{Holder: peer, Waiting: i % 5})
+	}
+	p, err := New(Config{Index: ix, Hasher: h})
+	require.NoError(tb, err)
+	return p, Request{ID: "bench", Model: model, Keys: keys, Prompt: prompt, Destination: dst, Candidates: cands}
+}
+
+// BenchmarkPick decides a 32,768-token prompt (2,048 blocks of 16) over 64
+// holders, with the block keys given and with hashing (vLLM's default
+// sha256) included.
+func BenchmarkPick(b *testing.B) {
+	p, req := benchFleet(b, 32768, 64)
+	for _, bc := range []struct {
+		name string
+		req  Request
+	}{{"keys", req}, {"hashing", func() Request { r := req; r.Keys = nil; return r }()}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := p.Pick(bc.req)
+				if err != nil || d.Reason != ReasonPull {
+					b.Fatal(d.Reason, err)
+				}
+				d.Done()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/pick")
+		})
+	}
+}
+
+// BenchmarkScore scores the same prompt over the same 64 holders.
+func BenchmarkScore(b *testing.B) {
+	p, req := benchFleet(b, 32768, 64)
+	req.Candidates = nil
+	var out []Score
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if out, err = p.Score(req, out); err != nil || len(out) != 64 {
+			b.Fatal(len(out), err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/score")
+}
