@@ -1,0 +1,226 @@
+package p2p
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/transfer"
+)
+
+const testBlockLen = 128
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func testEndpoint() Endpoint {
+	return Endpoint{Host: "127.0.0.1", HandshakeTimeout: 300 * time.Millisecond, Logger: quiet}
+}
+
+// testKey is the key of block i: a 32-byte digest, group 0.
+func testKey(i int) transfer.Key {
+	d := make([]byte, 32)
+	d[0], d[31] = byte(i>>8), byte(i)
+	return transfer.NewKey(d, 0)
+}
+
+func randomBlock(t *testing.T) []byte {
+	b := make([]byte, testBlockLen)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return b
+}
+
+type fixture struct {
+	prod    *Producer
+	store   *MemStore
+	blocks  map[string][]byte // content of each stored key
+	client  *Client
+	dst     []byte
+	session transfer.Session
+}
+
+type fixtureOpts struct {
+	producer    func(*ProducerConfig)
+	client      func(*ClientConfig)
+	stored      int // keys 0..stored-1 are held
+	dstBlocks   int
+	skipConnect bool
+}
+
+func newFixture(t *testing.T, o fixtureOpts) *fixture {
+	t.Helper()
+	if o.dstBlocks == 0 {
+		o.dstBlocks = 16
+	}
+	store, err := NewMemStore(make([]byte, 64*testBlockLen), testBlockLen)
+	require.NoError(t, err)
+	f := &fixture{store: store, blocks: map[string][]byte{}}
+	for i := range o.stored {
+		b := randomBlock(t)
+		require.NoError(t, store.Put(testKey(i), b))
+		f.blocks[string(testKey(i))] = b
+	}
+	pc := ProducerConfig{Endpoint: testEndpoint(), Store: store}
+	if o.producer != nil {
+		o.producer(&pc)
+	}
+	f.prod, err = NewProducer(pc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.prod.Close() })
+
+	f.dst = make([]byte, o.dstBlocks*testBlockLen)
+	cc := ClientConfig{Endpoint: testEndpoint(), Memory: f.dst, BlockLen: testBlockLen, AbortTimeout: time.Second}
+	if o.client != nil {
+		o.client(&cc)
+	}
+	f.client, err = NewClient(cc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.client.Close() })
+	if !o.skipConnect {
+		f.session, err = f.client.Connect(context.Background(), f.prod.ID())
+		require.NoError(t, err)
+	}
+	return f
+}
+
+func (f *fixture) block(i int) []byte { return f.dst[i*testBlockLen : (i+1)*testBlockLen] }
+
+func (f *fixture) producerSessions() int {
+	f.prod.mu.Lock()
+	defer f.prod.mu.Unlock()
+	return len(f.prod.sessions)
+}
+
+// gatedPlane wraps the in-process data plane: every Write announces itself
+// on started and then waits for release (or its context) before copying.
+type gatedPlane struct {
+	*InProcess
+	started chan struct{}
+	release chan struct{}
+}
+
+func newGatedPlane() *gatedPlane {
+	return &gatedPlane{InProcess: NewInProcess(), started: make(chan struct{}, 16), release: make(chan struct{})}
+}
+
+func (g *gatedPlane) AddRemote(md []byte, base uint64, n, bl int) (Remote, error) {
+	r, err := g.InProcess.AddRemote(md, base, n, bl)
+	if err != nil {
+		return nil, err
+	}
+	return gatedRemote{r, g}, nil
+}
+
+type gatedRemote struct {
+	Remote
+	g *gatedPlane
+}
+
+func (r gatedRemote) Write(ctx context.Context, src, dst []int) error {
+	r.g.started <- struct{}{}
+	select {
+	case <-r.g.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return r.Remote.Write(ctx, src, dst)
+}
+
+// rawPeer speaks the protocol by hand over its own sockets, to check what
+// the Go implementation puts on the wire and how it reacts to a peer.
+type rawPeer struct {
+	t      *testing.T
+	id     string
+	zctx   *zmq.Context
+	router *zmq.Socket
+	dealer *zmq.Socket
+}
+
+// newRawPeer binds a ROUTER on 127.0.0.1 and names itself idHost:port.
+func newRawPeer(t *testing.T, idHost string) *rawPeer {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	r := &rawPeer{t: t, zctx: zctx}
+	r.router, err = zctx.NewSocket(zmq.ROUTER)
+	require.NoError(t, err)
+	require.NoError(t, r.router.SetLinger(0))
+	require.NoError(t, r.router.Bind("tcp://127.0.0.1:*"))
+	ep, err := r.router.GetLastEndpoint()
+	require.NoError(t, err)
+	r.id = idHost + ":" + ep[strings.LastIndexByte(ep, ':')+1:]
+	t.Cleanup(r.close)
+	return r
+}
+
+func (r *rawPeer) close() {
+	if r.dealer != nil {
+		_ = r.dealer.Close()
+	}
+	_ = r.router.Close()
+	_ = r.zctx.Term()
+}
+
+func (r *rawPeer) dial(addr string) {
+	r.t.Helper()
+	var err error
+	r.dealer, err = r.zctx.NewSocket(zmq.DEALER)
+	require.NoError(r.t, err)
+	require.NoError(r.t, r.dealer.SetIdentity(r.id))
+	require.NoError(r.t, r.dealer.SetLinger(0))
+	require.NoError(r.t, r.dealer.Connect("tcp://"+addr))
+}
+
+func (r *rawPeer) send(m message) {
+	r.t.Helper()
+	b, err := m.encode()
+	require.NoError(r.t, err)
+	r.sendRaw(b)
+}
+
+func (r *rawPeer) sendRaw(b []byte) {
+	r.t.Helper()
+	_, err := r.dealer.SendBytes(b, 0)
+	require.NoError(r.t, err)
+}
+
+// recv returns the next message on the ROUTER within d, checking it came
+// as exactly [identity, payload].
+func (r *rawPeer) recv(d time.Duration) (string, message, bool) {
+	r.t.Helper()
+	p := zmq.NewPoller()
+	p.Add(r.router, zmq.POLLIN)
+	ps, err := p.Poll(d)
+	require.NoError(r.t, err)
+	if len(ps) == 0 {
+		return "", message{}, false
+	}
+	frames, err := r.router.RecvMessageBytes(0)
+	require.NoError(r.t, err)
+	require.Len(r.t, frames, 2, "one payload frame after the identity, no delimiter")
+	m, err := decodeMessage(frames[1])
+	require.NoError(r.t, err)
+	return string(frames[0]), m, true
+}
+
+// expect returns the next message, which must be of type typ.
+func (r *rawPeer) expect(typ string) message {
+	r.t.Helper()
+	_, m, ok := r.recv(2 * time.Second)
+	require.True(r.t, ok, "no %s", typ)
+	require.Equal(r.t, typ, m.Type)
+	return m
+}
+
+func (r *rawPeer) expectSilence(d time.Duration) {
+	r.t.Helper()
+	_, m, ok := r.recv(d)
+	require.False(r.t, ok, "unexpected %+v", m)
+}

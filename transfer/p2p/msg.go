@@ -1,0 +1,447 @@
+package p2p
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// Message types, the values of the "type" key.
+const (
+	TypeConnect      = "connect"
+	TypeConnectAck   = "connect_ack"
+	TypeLookup       = "lookup"
+	TypeLookupResp   = "lookup_resp"
+	TypeFetch        = "fetch"
+	TypeTransferDone = "transfer_done"
+	TypeAbortFetch   = "abort_fetch"
+	TypeAbortAck     = "abort_ack"
+	TypeDisconnect   = "disconnect"
+)
+
+// ErrMalformed is wrapped by every decoding and validation error: a message
+// that is not a msgpack map of the fields its type requires.
+var ErrMalformed = errors.New("p2p: malformed message")
+
+// message is any protocol message: Type says which fields are meaningful.
+// Encoding writes exactly the fields of Type.
+type message struct {
+	Type string
+
+	// connect
+	PeerID            string // also connect_ack
+	AgentMetadata     []byte
+	BaseAddr          uint64
+	NumBlocks         uint64
+	BlockLen          uint64
+	ConfigFingerprint string
+	HashSeed          string
+
+	// lookup, lookup_resp, fetch, transfer_done, abort_fetch, abort_ack
+	KVRequestID  string
+	Keys         [][]byte // lookup, lookup_resp, fetch
+	Hits         []bool   // lookup_resp
+	BlockIndexes []uint64 // fetch
+	RoundSeq     uint64   // absent on the wire reads as 0
+	Success      bool     // transfer_done
+}
+
+// Field presence bits, to tell a missing field from a zero one.
+const (
+	hasPeerID = 1 << iota
+	hasAgentMetadata
+	hasBaseAddr
+	hasNumBlocks
+	hasBlockLen
+	hasConfigFingerprint
+	hasHashSeed
+	hasKVRequestID
+	hasKeys
+	hasHits
+	hasBlockIndexes
+	hasSuccess
+)
+
+// required lists the fields each type must carry. round_seq is never
+// required (older peers omit it) and config_fingerprint may be absent.
+var required = map[string]int{
+	TypeConnect:      hasPeerID | hasAgentMetadata | hasBaseAddr | hasNumBlocks | hasBlockLen | hasHashSeed,
+	TypeConnectAck:   hasPeerID,
+	TypeLookup:       hasKVRequestID | hasKeys,
+	TypeLookupResp:   hasKVRequestID | hasKeys | hasHits,
+	TypeFetch:        hasKVRequestID | hasKeys | hasBlockIndexes,
+	TypeTransferDone: hasKVRequestID | hasSuccess,
+	TypeAbortFetch:   hasKVRequestID,
+	TypeAbortAck:     hasKVRequestID,
+	TypeDisconnect:   0,
+}
+
+// encode appends m's msgpack encoding to a fresh buffer. Maps are written
+// with "type" first and then the fields in the order of the protocol table
+// in the package documentation, so encodings are deterministic; strings as
+// str, keys and metadata as bin, integers in their smallest form.
+func (m *message) encode() ([]byte, error) {
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	str := func(k, v string) {
+		_ = e.EncodeString(k)
+		_ = e.EncodeString(v)
+	}
+	uint := func(k string, v uint64) {
+		_ = e.EncodeString(k)
+		_ = e.EncodeUint(v)
+	}
+	keys := func() {
+		_ = e.EncodeString("keys")
+		_ = e.EncodeArrayLen(len(m.Keys))
+		for _, k := range m.Keys {
+			_ = e.EncodeBytes(k)
+		}
+	}
+	n, ok := fieldCount[m.Type]
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown type %q", ErrMalformed, m.Type)
+	}
+	_ = e.EncodeMapLen(n)
+	str("type", m.Type)
+	switch m.Type {
+	case TypeConnect:
+		str("peer_id", m.PeerID)
+		_ = e.EncodeString("agent_metadata")
+		_ = e.EncodeBytes(m.AgentMetadata)
+		uint("base_addr", m.BaseAddr)
+		uint("num_blocks", m.NumBlocks)
+		uint("block_len", m.BlockLen)
+		str("config_fingerprint", m.ConfigFingerprint)
+		str("hash_seed", m.HashSeed)
+	case TypeConnectAck:
+		str("peer_id", m.PeerID)
+	case TypeLookup:
+		str("kv_request_id", m.KVRequestID)
+		keys()
+		uint("round_seq", m.RoundSeq)
+	case TypeLookupResp:
+		if len(m.Hits) != len(m.Keys) {
+			return nil, fmt.Errorf("%w: %d hits for %d keys", ErrMalformed, len(m.Hits), len(m.Keys))
+		}
+		str("kv_request_id", m.KVRequestID)
+		keys()
+		_ = e.EncodeString("hits")
+		_ = e.EncodeArrayLen(len(m.Hits))
+		for _, h := range m.Hits {
+			_ = e.EncodeBool(h)
+		}
+	case TypeFetch:
+		if len(m.BlockIndexes) != len(m.Keys) {
+			return nil, fmt.Errorf("%w: %d block indexes for %d keys", ErrMalformed, len(m.BlockIndexes), len(m.Keys))
+		}
+		str("kv_request_id", m.KVRequestID)
+		keys()
+		_ = e.EncodeString("block_indexes")
+		_ = e.EncodeArrayLen(len(m.BlockIndexes))
+		for _, b := range m.BlockIndexes {
+			_ = e.EncodeUint(b)
+		}
+		uint("round_seq", m.RoundSeq)
+	case TypeTransferDone:
+		str("kv_request_id", m.KVRequestID)
+		_ = e.EncodeString("success")
+		_ = e.EncodeBool(m.Success)
+		uint("round_seq", m.RoundSeq)
+	case TypeAbortFetch, TypeAbortAck:
+		str("kv_request_id", m.KVRequestID)
+		uint("round_seq", m.RoundSeq)
+	}
+	// bytes.Buffer writes cannot fail, so the encoder's errors are nil.
+	return buf.Bytes(), nil
+}
+
+// fieldCount is the map length of each type's encoding, "type" included.
+var fieldCount = map[string]int{
+	TypeConnect: 8, TypeConnectAck: 2, TypeLookup: 4, TypeLookupResp: 4,
+	TypeFetch: 5, TypeTransferDone: 4, TypeAbortFetch: 3, TypeAbortAck: 3, TypeDisconnect: 1,
+}
+
+// decodeMessage parses one frame. Keys may come in any order and unknown
+// keys are skipped, as vLLM's untyped decoding allows; integers of any width
+// are accepted. An unknown type decodes without error so the caller can
+// warn and carry on, as vLLM does.
+func decodeMessage(data []byte) (message, error) {
+	var m message
+	r := bytes.NewReader(data)
+	d := msgpack.NewDecoder(r)
+	n, err := mapLen(d, r)
+	if err != nil {
+		return m, err
+	}
+	var have int
+	hasType := false
+	for range n {
+		k, err := readStr(d, r)
+		if err != nil {
+			return m, fmt.Errorf("map key: %w", err)
+		}
+		if err := m.decodeField(k, d, r, &have, &hasType); err != nil {
+			return m, fmt.Errorf("field %q: %w", k, err)
+		}
+	}
+	if r.Len() != 0 {
+		return m, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, r.Len())
+	}
+	if !hasType {
+		return m, fmt.Errorf("%w: no type", ErrMalformed)
+	}
+	req, known := required[m.Type]
+	if !known {
+		return m, nil
+	}
+	if missing := req &^ have; missing != 0 {
+		return m, fmt.Errorf("%w: %s without %s", ErrMalformed, m.Type, fieldNames(missing))
+	}
+	switch m.Type {
+	case TypeLookupResp:
+		if len(m.Hits) != len(m.Keys) {
+			return m, fmt.Errorf("%w: %d hits for %d keys", ErrMalformed, len(m.Hits), len(m.Keys))
+		}
+	case TypeFetch:
+		if len(m.BlockIndexes) != len(m.Keys) {
+			return m, fmt.Errorf("%w: %d block indexes for %d keys", ErrMalformed, len(m.BlockIndexes), len(m.Keys))
+		}
+	}
+	return m, nil
+}
+
+func (m *message) decodeField(k string, d *msgpack.Decoder, r *bytes.Reader, have *int, hasType *bool) error {
+	var err error
+	switch k {
+	case "type":
+		m.Type, err = readStr(d, r)
+		*hasType = true
+	case "peer_id":
+		m.PeerID, err = readStr(d, r)
+		*have |= hasPeerID
+	case "agent_metadata":
+		m.AgentMetadata, err = readBin(d, r)
+		*have |= hasAgentMetadata
+	case "base_addr":
+		m.BaseAddr, err = readUint(d)
+		*have |= hasBaseAddr
+	case "num_blocks":
+		m.NumBlocks, err = readUint(d)
+		*have |= hasNumBlocks
+	case "block_len":
+		m.BlockLen, err = readUint(d)
+		*have |= hasBlockLen
+	case "config_fingerprint":
+		m.ConfigFingerprint, err = readStr(d, r)
+		*have |= hasConfigFingerprint
+	case "hash_seed":
+		m.HashSeed, err = readStr(d, r)
+		*have |= hasHashSeed
+	case "kv_request_id":
+		m.KVRequestID, err = readStr(d, r)
+		*have |= hasKVRequestID
+	case "keys":
+		var n int
+		if n, err = arrayLen(d, r); err != nil {
+			return err
+		}
+		m.Keys = make([][]byte, n)
+		for i := range m.Keys {
+			if m.Keys[i], err = readBin(d, r); err != nil {
+				return fmt.Errorf("key %d: %w", i, err)
+			}
+		}
+		*have |= hasKeys
+	case "hits":
+		var n int
+		if n, err = arrayLen(d, r); err != nil {
+			return err
+		}
+		m.Hits = make([]bool, n)
+		for i := range m.Hits {
+			if m.Hits[i], err = readBool(d); err != nil {
+				return fmt.Errorf("hit %d: %w", i, err)
+			}
+		}
+		*have |= hasHits
+	case "block_indexes":
+		var n int
+		if n, err = arrayLen(d, r); err != nil {
+			return err
+		}
+		m.BlockIndexes = make([]uint64, n)
+		for i := range m.BlockIndexes {
+			if m.BlockIndexes[i], err = readUint(d); err != nil {
+				return fmt.Errorf("block index %d: %w", i, err)
+			}
+		}
+		*have |= hasBlockIndexes
+	case "round_seq":
+		m.RoundSeq, err = readUint(d)
+	case "success":
+		m.Success, err = readBool(d)
+		*have |= hasSuccess
+	default:
+		err = d.Skip()
+		if err != nil {
+			err = fmt.Errorf("%w: %w", ErrMalformed, err)
+		}
+	}
+	return err
+}
+
+var fieldBitNames = []string{"peer_id", "agent_metadata", "base_addr", "num_blocks", "block_len",
+	"config_fingerprint", "hash_seed", "kv_request_id", "keys", "hits", "block_indexes", "success"}
+
+func fieldNames(bits int) string {
+	s := ""
+	for i, name := range fieldBitNames {
+		if bits&(1<<i) != 0 {
+			if s != "" {
+				s += ", "
+			}
+			s += name
+		}
+	}
+	return s
+}
+
+func peek(d *msgpack.Decoder) (byte, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return c, nil
+}
+
+func mapLen(d *msgpack.Decoder, r *bytes.Reader) (int, error) {
+	c, err := peek(d)
+	if err != nil {
+		return 0, err
+	}
+	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
+		return 0, fmt.Errorf("%w: not a map (code 0x%02x)", ErrMalformed, c)
+	}
+	n, err := d.DecodeMapLen()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	// Each entry takes at least two bytes: refuse lengths the frame cannot hold.
+	if n > r.Len()/2 {
+		return 0, fmt.Errorf("%w: map of %d entries in %d bytes", ErrMalformed, n, r.Len())
+	}
+	return n, nil
+}
+
+func arrayLen(d *msgpack.Decoder, r *bytes.Reader) (int, error) {
+	c, err := peek(d)
+	if err != nil {
+		return 0, err
+	}
+	if !msgpcode.IsFixedArray(c) && c != msgpcode.Array16 && c != msgpcode.Array32 {
+		return 0, fmt.Errorf("%w: not an array (code 0x%02x)", ErrMalformed, c)
+	}
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if n > r.Len() {
+		return 0, fmt.Errorf("%w: array of %d items in %d bytes", ErrMalformed, n, r.Len())
+	}
+	return n, nil
+}
+
+func readStr(d *msgpack.Decoder, r *bytes.Reader) (string, error) {
+	c, err := peek(d)
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsFixedString(c) && c != msgpcode.Str8 && c != msgpcode.Str16 && c != msgpcode.Str32 {
+		return "", fmt.Errorf("%w: not a str (code 0x%02x)", ErrMalformed, c)
+	}
+	b, err := readRaw(d, r)
+	return string(b), err
+}
+
+func readBin(d *msgpack.Decoder, r *bytes.Reader) ([]byte, error) {
+	c, err := peek(d)
+	if err != nil {
+		return nil, err
+	}
+	if c != msgpcode.Bin8 && c != msgpcode.Bin16 && c != msgpcode.Bin32 {
+		return nil, fmt.Errorf("%w: not a bin (code 0x%02x)", ErrMalformed, c)
+	}
+	return readRaw(d, r)
+}
+
+// readRaw reads a str or bin payload, refusing lengths past the frame's end
+// before allocating.
+func readRaw(d *msgpack.Decoder, r *bytes.Reader) ([]byte, error) {
+	n, err := d.DecodeBytesLen()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if n < 0 || n > r.Len() {
+		return nil, fmt.Errorf("%w: %d bytes declared, %d left", ErrMalformed, n, r.Len())
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return b, nil
+}
+
+func readUint(d *msgpack.Decoder) (uint64, error) {
+	c, err := peek(d)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh,
+		c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32, c == msgpcode.Uint64:
+		v, err := d.DecodeUint64()
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
+		}
+		return v, nil
+	case c == msgpcode.Int8, c == msgpcode.Int16, c == msgpcode.Int32, c == msgpcode.Int64, msgpcode.IsFixedNum(c):
+		v, err := d.DecodeInt64()
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
+		}
+		if v < 0 {
+			return 0, fmt.Errorf("%w: negative integer %d", ErrMalformed, v)
+		}
+		return uint64(v), nil
+	}
+	return 0, fmt.Errorf("%w: not an integer (code 0x%02x)", ErrMalformed, c)
+}
+
+func readBool(d *msgpack.Decoder) (bool, error) {
+	c, err := peek(d)
+	if err != nil {
+		return false, err
+	}
+	if c != msgpcode.True && c != msgpcode.False {
+		return false, fmt.Errorf("%w: not a bool (code 0x%02x)", ErrMalformed, c)
+	}
+	v, err := d.DecodeBool()
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return v, nil
+}
+
+// toInt converts a wire integer to int, failing on values past MaxInt.
+func toInt(v uint64) (int, bool) {
+	if v > math.MaxInt {
+		return 0, false
+	}
+	return int(v), true
+}

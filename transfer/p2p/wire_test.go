@@ -1,0 +1,357 @@
+package p2p
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/transfer"
+)
+
+// newTestClient returns a client with dst blocks of destination memory.
+func newTestClient(t *testing.T, dst int, mod func(*ClientConfig)) *Client {
+	t.Helper()
+	cc := ClientConfig{Endpoint: testEndpoint(), Memory: make([]byte, dst*testBlockLen), BlockLen: testBlockLen, AbortTimeout: 200 * time.Millisecond}
+	if mod != nil {
+		mod(&cc)
+	}
+	c, err := NewClient(cc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestClientSendsTheSpecifiedConnectAndTimesOutOnSilence(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 8, nil)
+	start := time.Now()
+	_, err := c.Connect(context.Background(), peer.id)
+	require.ErrorIs(t, err, transfer.ErrHandshake, "the TCP connection was accepted, so the peer is reachable")
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+
+	from, m, ok := peer.recv(time.Second)
+	require.True(t, ok)
+	require.Equal(t, c.ID(), from, "the DEALER identity is our host:port")
+	require.True(t, strings.HasPrefix(c.ID(), "127.0.0.1:"))
+	require.Equal(t, TypeConnect, m.Type)
+	require.Equal(t, c.ID(), m.PeerID)
+	require.Equal(t, uint64(testBlockLen), m.BlockLen)
+	require.Equal(t, uint64(8), m.NumBlocks)
+	require.NotZero(t, m.BaseAddr)
+	require.Equal(t, DefaultHashSeed, m.HashSeed)
+	require.Empty(t, m.ConfigFingerprint)
+	require.True(t, strings.HasPrefix(string(m.AgentMetadata), inprocPrefix))
+	// The timed-out session says goodbye.
+	require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
+}
+
+func TestConnectHonoursItsContext(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 1, func(c *ClientConfig) { c.HandshakeTimeout = time.Hour })
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := c.Connect(ctx, peer.id)
+	require.ErrorIs(t, err, transfer.ErrHandshake)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// handshake plays the producer's side of the handshake with client c: it
+// sends its connect (with identity peer.id) and connect_ack, and checks
+// that the client acknowledges the producer's connect.
+func handshake(t *testing.T, peer *rawPeer, c *Client) transfer.Session {
+	t.Helper()
+	type result struct {
+		s   transfer.Session
+		err error
+	}
+	done := make(chan result, 1)
+	dialed := "127.0.0.1:" + peer.id[strings.LastIndexByte(peer.id, ':')+1:]
+	go func() {
+		s, err := c.Connect(context.Background(), dialed)
+		done <- result{s, err}
+	}()
+	conn := peer.expect(TypeConnect)
+	peer.dial(conn.PeerID)
+	peer.send(message{Type: TypeConnect, PeerID: peer.id, AgentMetadata: []byte("md"), BaseAddr: 1 << 40,
+		NumBlocks: 10, BlockLen: testBlockLen, HashSeed: DefaultHashSeed})
+	ack := peer.expect(TypeConnectAck)
+	require.Equal(t, c.ID(), ack.PeerID, "the client answers the producer's connect")
+	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
+	r := <-done
+	require.NoError(t, r.err)
+	t.Cleanup(func() { _ = r.s.Close() })
+	return r.s
+}
+
+func TestClientMatchesAPeerWhoseIdentityDiffersFromTheDialedAddress(t *testing.T) {
+	// The producer names itself localhost:port; the client dialed 127.0.0.1:port.
+	peer := newRawPeer(t, "localhost")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	ctx := context.Background()
+
+	done := make(chan []bool, 1)
+	go func() {
+		hits, err := s.Lookup(ctx, []transfer.Key{testKey(1), testKey(2)})
+		require.NoError(t, err)
+		done <- hits
+	}()
+	lk := peer.expect(TypeLookup)
+	require.Equal(t, [][]byte{testKey(1), testKey(2)}, lk.Keys)
+	require.Equal(t, uint64(0), lk.RoundSeq)
+	// A stale answer for another request is ignored.
+	peer.send(message{Type: TypeLookupResp, KVRequestID: "other", Keys: lk.Keys, Hits: []bool{false, false}})
+	peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true, false}})
+	require.Equal(t, []bool{true, false}, <-done)
+	require.Equal(t, uint64(1), c.Stats().Stale)
+}
+
+func TestClientAcceptsATransferDoneWithoutRoundSeq(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	ctx := context.Background()
+	go func() {
+		lk := peer.expect(TypeLookup)
+		peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true}})
+		f := peer.expect(TypeFetch)
+		require.Equal(t, []uint64{3}, f.BlockIndexes)
+		require.Equal(t, uint64(0), f.RoundSeq)
+		// A pre-round peer omits round_seq: it reads as 0.
+		b, err := (&message{Type: TypeTransferDone, KVRequestID: f.KVRequestID, Success: true}).encode()
+		require.NoError(t, err)
+		// Drop the trailing round_seq entry and shrink the map to three entries.
+		b = b[:len(b)-len("\xa9round_seq\x00")]
+		b[0] = 0x83
+		peer.sendRaw(b)
+	}()
+	_, err := s.Lookup(ctx, []transfer.Key{testKey(7)})
+	require.NoError(t, err)
+	st, err := s.Fetch(ctx, []transfer.Key{testKey(7)}, []int{3})
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Blocks)
+}
+
+func TestUnacknowledgedAbortLosesThePeer(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	go func() {
+		lk := peer.expect(TypeLookup)
+		peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true}})
+		peer.expect(TypeFetch)
+		a := peer.expect(TypeAbortFetch)
+		require.Equal(t, uint64(0), a.RoundSeq)
+	}()
+	_, err := s.Lookup(context.Background(), []transfer.Key{testKey(7)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = s.Fetch(ctx, []transfer.Key{testKey(7)}, []int{0})
+	require.ErrorIs(t, err, transfer.ErrPeerLost)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	_, err = s.Lookup(context.Background(), []transfer.Key{testKey(7)})
+	require.ErrorIs(t, err, transfer.ErrPeerLost)
+}
+
+func TestPeerDisconnectEndsTheSession(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	go func() {
+		peer.expect(TypeLookup)
+		peer.send(message{Type: TypeDisconnect})
+	}()
+	_, err := s.Lookup(context.Background(), []transfer.Key{testKey(7)})
+	require.ErrorIs(t, err, transfer.ErrPeerLost)
+}
+
+func TestMalformedReplyEndsTheSession(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	go func() {
+		peer.expect(TypeLookup)
+		peer.sendRaw([]byte{0xc1})
+	}()
+	_, err := s.Lookup(context.Background(), []transfer.Key{testKey(7)})
+	require.ErrorIs(t, err, transfer.ErrPeerLost)
+	require.ErrorIs(t, err, ErrMalformed)
+	require.Equal(t, uint64(1), c.Stats().Malformed)
+	require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
+}
+
+// rawConsumer connects a raw peer to producer p as a consumer with
+// destination memory registered in the in-process data plane.
+func rawConsumer(t *testing.T, p *Producer, mod func(*message)) (*rawPeer, []byte) {
+	t.Helper()
+	peer := newRawPeer(t, "127.0.0.1")
+	mem := make([]byte, 8*testBlockLen)
+	plane := NewInProcess()
+	md, err := plane.Register(mem, testBlockLen)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = plane.Close() })
+	m := message{Type: TypeConnect, PeerID: peer.id, AgentMetadata: md, BaseAddr: 4096, NumBlocks: 8,
+		BlockLen: testBlockLen, HashSeed: DefaultHashSeed}
+	if mod != nil {
+		mod(&m)
+	}
+	peer.dial(p.ID())
+	peer.send(m)
+	return peer, mem
+}
+
+func newTestProducer(t *testing.T, stored int) (*Producer, *MemStore) {
+	t.Helper()
+	store, err := NewMemStore(make([]byte, 16*testBlockLen), testBlockLen)
+	require.NoError(t, err)
+	for i := range stored {
+		require.NoError(t, store.Put(testKey(i), []byte(strings.Repeat(string(rune('a'+i)), testBlockLen))))
+	}
+	p, err := NewProducer(ProducerConfig{Endpoint: testEndpoint(), Store: store, CancelDrainTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p, store
+}
+
+func TestProducerHandshakeQueuesRepliesUntilAcknowledged(t *testing.T) {
+	p, _ := newTestProducer(t, 2)
+	peer, mem := rawConsumer(t, p, nil)
+
+	from, hello, ok := peer.recv(2 * time.Second)
+	require.True(t, ok)
+	require.Equal(t, p.ID(), from)
+	require.Equal(t, message{Type: TypeConnect, PeerID: p.ID(), AgentMetadata: hello.AgentMetadata, BaseAddr: hello.BaseAddr,
+		NumBlocks: 16, BlockLen: testBlockLen, HashSeed: DefaultHashSeed}, hello, "the producer's connect comes first")
+	require.Equal(t, p.ID(), peer.expect(TypeConnectAck).PeerID)
+
+	peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0), testKey(9), testKey(1)}, RoundSeq: 4})
+	peer.expectSilence(200 * time.Millisecond)
+	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
+	resp := peer.expect(TypeLookupResp)
+	require.Equal(t, "r", resp.KVRequestID)
+	require.Equal(t, []bool{true, false, true}, resp.Hits)
+
+	peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(1), testKey(0)}, BlockIndexes: []uint64{7, 2}, RoundSeq: 4})
+	done := peer.expect(TypeTransferDone)
+	require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: true, RoundSeq: 4}, done)
+	require.Equal(t, strings.Repeat("b", testBlockLen), string(mem[7*testBlockLen:8*testBlockLen]))
+	require.Equal(t, strings.Repeat("a", testBlockLen), string(mem[2*testBlockLen:3*testBlockLen]))
+}
+
+func handshakeRaw(t *testing.T, p *Producer, mod func(*message)) (*rawPeer, []byte) {
+	t.Helper()
+	peer, mem := rawConsumer(t, p, mod)
+	peer.expect(TypeConnect)
+	peer.expect(TypeConnectAck)
+	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
+	return peer, mem
+}
+
+func TestProducerRejectsAMismatchedConnectWithSilence(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*message)
+	}{
+		{"block length", func(m *message) { m.BlockLen = 64 }},
+		{"hash seed", func(m *message) { m.HashSeed = "1234" }},
+		{"no blocks", func(m *message) { m.NumBlocks = 0 }},
+		{"unknown agent", func(m *message) { m.AgentMetadata = []byte("kvsource-inproc/nobody") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, _ := newTestProducer(t, 1)
+			peer, _ := rawConsumer(t, p, tt.mod)
+			deadline := time.Now().Add(300 * time.Millisecond)
+			for time.Now().Before(deadline) {
+				_, m, ok := peer.recv(time.Until(deadline))
+				if ok {
+					require.Equal(t, TypeConnect, m.Type, "only the producer's own connect, sent before the check, may arrive")
+				}
+			}
+			require.Equal(t, uint64(1), p.Stats().Rejected)
+			p.mu.Lock()
+			require.Empty(t, p.sessions, "the rejected session is dead")
+			p.mu.Unlock()
+		})
+	}
+}
+
+func TestProducerDropsSessionsThatBreakTheProtocol(t *testing.T) {
+	tests := []struct {
+		name string
+		send func(peer *rawPeer)
+	}{
+		{"malformed frame", func(peer *rawPeer) { peer.sendRaw([]byte("not msgpack")) }},
+		{"block index past the consumer's region", func(peer *rawPeer) {
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{8}})
+		}},
+		{"duplicate fetch", func(peer *rawPeer) {
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
+			peer.expect(TypeTransferDone)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
+		}},
+		{"duplicate connect after handshake", func(peer *rawPeer) {
+			peer.send(message{Type: TypeConnect, PeerID: peer.id, AgentMetadata: []byte("x"), NumBlocks: 1, BlockLen: testBlockLen, HashSeed: DefaultHashSeed})
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, store := newTestProducer(t, 1)
+			peer, _ := handshakeRaw(t, p, nil)
+			tt.send(peer)
+			require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
+			require.Equal(t, uint64(1), p.Stats().Malformed)
+			require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+		})
+	}
+}
+
+func TestProducerAcknowledgesAbortsOfUnknownRounds(t *testing.T) {
+	p, _ := newTestProducer(t, 1)
+	peer, _ := handshakeRaw(t, p, nil)
+	peer.send(message{Type: TypeAbortFetch, KVRequestID: "never", RoundSeq: 9})
+	require.Equal(t, message{Type: TypeAbortAck, KVRequestID: "never", RoundSeq: 9}, peer.expect(TypeAbortAck))
+}
+
+func TestProducerIgnoresUnknownTypesAndMessagesBeforeConnect(t *testing.T) {
+	p, _ := newTestProducer(t, 1)
+	stranger := newRawPeer(t, "127.0.0.1")
+	stranger.dial(p.ID())
+	stranger.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+	peer, _ := handshakeRaw(t, p, nil)
+	peer.sendRaw(unhex(t, "81 a4 74797065 a4 70696e67")) // {"type": "ping"}
+	peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+	require.Equal(t, []bool{true}, peer.expect(TypeLookupResp).Hits, "the session survives")
+	require.Equal(t, uint64(2), p.Stats().Ignored)
+}
+
+func TestProducerReapsAConsumerThatNeverAcknowledges(t *testing.T) {
+	p, _ := newTestProducer(t, 1)
+	peer, _ := rawConsumer(t, p, nil)
+	peer.expect(TypeConnect)
+	peer.expect(TypeConnectAck)
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.sessions) == 0
+	}, 2*time.Second, 10*time.Millisecond)
+}
+
+func TestProducerReapsALostConsumerAndReleasesItsPins(t *testing.T) {
+	p, store := newTestProducer(t, 1)
+	peer, _ := handshakeRaw(t, p, nil)
+	peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+	peer.expect(TypeLookupResp)
+	require.Equal(t, 1, store.Pinned())
+	peer.close()
+	require.Eventually(t, func() bool { return store.Pinned() == 0 && p.Stats().Lost == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, store.Evict(testKey(0)), "no pin is left")
+}
