@@ -1,6 +1,10 @@
 package hashing
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math/bits"
+	"slices"
+)
 
 // CBOR major types and simple values (RFC 8949).
 const (
@@ -63,27 +67,24 @@ func appendCBORKey(b []byte, k ExtraKey) []byte {
 // appendCBORBlock appends the canonical CBOR of [parent, [tokens...], extra],
 // parent being a byte string, or for the legacy 64-bit algorithm the parent
 // integer.
-func appendCBORBlock(b []byte, parent Digest, intParent bool, tokens []uint32, ex *extraSource) []byte {
-	b = append(b, cborArray|3)
-	if intParent {
+func appendCBORBlock(b []byte, parent *Digest, intParent bool, tokens []uint32, ex *extraSource) []byte {
+	switch {
+	case intParent:
+		b = append(b, cborArray|3)
 		b = appendCBORHead(b, cborUint, parent.Key())
-	} else {
+	case parent.n == sha256Size:
+		// A fixed-size copy compiles to a few moves instead of a memmove.
+		n := len(b)
+		b = slices.Grow(b, 3+sha256Size)[:n+3+sha256Size]
+		b[n], b[n+1], b[n+2] = cborArray|3, cborBytes|24, sha256Size
+		*(*[sha256Size]byte)(b[n+3:]) = parent.b
+	default:
+		b = append(b, cborArray|3)
 		b = appendCBORHead(b, cborBytes, uint64(parent.n))
 		b = append(b, parent.b[:parent.n]...)
 	}
 	b = appendCBORHead(b, cborArray, uint64(len(tokens)))
-	for _, t := range tokens {
-		switch {
-		case t < 24:
-			b = append(b, byte(t))
-		case t <= 0xff:
-			b = append(b, 24, byte(t))
-		case t <= 0xffff:
-			b = append(b, 25, byte(t>>8), byte(t))
-		default:
-			b = append(b, 26, byte(t>>24), byte(t>>16), byte(t>>8), byte(t))
-		}
-	}
+	b = appendCBORTokens(b, tokens)
 	n := ex.count()
 	switch {
 	case n == 0:
@@ -109,4 +110,46 @@ func appendCBORBlock(b []byte, parent Digest, intParent bool, tokens []uint32, e
 		b = appendCBORString(b, ex.salt)
 	}
 	return b
+}
+
+// cborToken packs, by bits.Len32 of a token of at least 24, the head byte
+// of its CBOR encoding, the left shift that puts its significant bytes first
+// in a big-endian uint32, and the encoding's length.
+var cborToken [33]uint32
+
+func init() {
+	for l := range cborToken {
+		switch {
+		case l <= 8:
+			cborToken[l] = cborUint | 24 | 24<<8 | 2<<16
+		case l <= 16:
+			cborToken[l] = cborUint | 25 | 16<<8 | 3<<16
+		default:
+			cborToken[l] = cborUint | 26 | 0<<8 | 5<<16
+		}
+	}
+}
+
+// appendCBORTokens appends the tokens as CBOR unsigned integers. It writes
+// every token's head and a full 4-byte value and advances by the encoding's
+// length: random token ids make the branches of a size switch unpredictable.
+func appendCBORTokens(b []byte, tokens []uint32) []byte {
+	n := len(b)
+	if cap(b)-n < 5*len(tokens) {
+		b = slices.Grow(b, 5*len(tokens))
+	}
+	buf := b[:cap(b)]
+	for _, t := range tokens {
+		if t < 24 {
+			buf[n] = byte(t)
+			n++
+			continue
+		}
+		e := cborToken[bits.Len32(t)]
+		w := buf[n : n+5]
+		w[0] = byte(e)
+		binary.BigEndian.PutUint32(w[1:], t<<(e>>8&31))
+		n += int(e >> 16)
+	}
+	return b[:n]
 }

@@ -109,12 +109,14 @@ type Request struct {
 	Extra [][]ExtraKey
 }
 
+const sha256Size = sha256.Size
+
 // Digest is a block's full hash: 32 bytes for the SHA-256 algorithms, 16 for
 // the XXH3-128 ones, and the 8-byte big-endian value for SHA256CBOR64 and
 // Content. The zero Digest is empty.
 type Digest struct {
 	n uint8
-	b [32]byte
+	b [sha256Size]byte
 }
 
 // DigestOf returns b as a Digest. It fails when b is empty or longer than 32
@@ -158,6 +160,9 @@ func (d Digest) String() string { return hex.EncodeToString(d.b[:d.n]) }
 // Key returns the event form of the digest: its last 8 bytes read big-endian,
 // what vLLM puts in KV events.
 func (d Digest) Key() uint64 {
+	if d.n >= 8 {
+		return binary.BigEndian.Uint64(d.b[d.n-8 : d.n])
+	}
 	var v uint64
 	start := max(int(d.n)-8, 0)
 	for _, c := range d.b[start:d.n] {
@@ -182,10 +187,20 @@ type Hasher struct {
 	cfg  Config
 	root Digest // the parent of block 0: vLLM's NONE_HASH, or Content's root
 	enc  encoding
+	fn   hashFunc
 	pool sync.Pool // *scratch
 }
 
 type encoding uint8
+
+type hashFunc uint8
+
+const (
+	fnSHA256 hashFunc = iota
+	fnSHA256Low64
+	fnXXH3
+	fnXXH64
+)
 
 const (
 	encPickle encoding = iota
@@ -214,12 +229,18 @@ func New(cfg Config) (*Hasher, error) {
 	}
 	h := &Hasher{}
 	switch cfg.Algo {
-	case SHA256, XXHash:
-		h.enc = encPickle
-	case SHA256CBOR, XXHashCBOR, SHA256CBOR64:
-		h.enc = encCBOR
+	case SHA256:
+		h.enc, h.fn = encPickle, fnSHA256
+	case XXHash:
+		h.enc, h.fn = encPickle, fnXXH3
+	case SHA256CBOR:
+		h.enc, h.fn = encCBOR, fnSHA256
+	case XXHashCBOR:
+		h.enc, h.fn = encCBOR, fnXXH3
+	case SHA256CBOR64:
+		h.enc, h.fn = encCBOR, fnSHA256Low64
 	case Content:
-		h.enc = encContent
+		h.enc, h.fn = encContent, fnXXH64
 	default:
 		return nil, fmt.Errorf("%w: %q", ErrUnknownAlgo, cfg.Algo)
 	}
@@ -251,29 +272,35 @@ func (h *Hasher) hashSeed() Digest {
 	case encContent:
 		return digest64(xxhash.Sum64String(h.cfg.Seed))
 	}
-	return h.sum(buf)
+	var d Digest
+	h.sum(&d, buf)
+	return d
 }
 
-// sum hashes an encoded value.
-func (h *Hasher) sum(buf []byte) Digest {
-	var d Digest
-	switch h.cfg.Algo {
-	case SHA256, SHA256CBOR:
-		d.n = sha256.Size
-		d.b = sha256.Sum256(buf)
-	case SHA256CBOR64:
+// sum hashes an encoded value into d and returns d.Key(), computed from the
+// hash's output rather than read back from d.
+func (h *Hasher) sum(d *Digest, buf []byte) uint64 {
+	switch h.fn {
+	case fnSHA256:
 		s := sha256.Sum256(buf)
-		d.n = 8
-		copy(d.b[:8], s[24:])
-	case XXHash, XXHashCBOR:
+		d.n, d.b = sha256Size, s
+		return binary.BigEndian.Uint64(s[24:])
+	case fnSHA256Low64:
+		s := sha256.Sum256(buf)
+		k := binary.BigEndian.Uint64(s[24:])
+		*d = digest64(k)
+		return k
+	case fnXXH3:
 		v := xxh3.Hash128(buf)
 		d.n = 16
 		binary.BigEndian.PutUint64(d.b[0:], v.Hi)
 		binary.BigEndian.PutUint64(d.b[8:], v.Lo)
-	case Content:
-		d = digest64(xxhash.Sum64(buf))
+		return v.Lo
+	default:
+		k := xxhash.Sum64(buf)
+		*d = digest64(k)
+		return k
 	}
-	return d
 }
 
 // BlockKeys appends to dst[:0] the event-form key of every full block of req
@@ -285,10 +312,9 @@ func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
 		return dst, err
 	}
 	c := chain{parent: h.root}
-	h.walk(&c, req.Tokens, &d, req.Extra, func(d Digest, _ *extraSource) {
-		dst = append(dst, d.Key())
-	})
-	return dst, nil
+	out := sink{keys: dst}
+	h.walk(&c, req.Tokens, &d, req.Extra, &out)
+	return out.keys, nil
 }
 
 // Blocks appends to dst[:0] every full block of req, with its digest and
@@ -315,10 +341,9 @@ func (h *Hasher) BlockKeysFrom(dst []uint64, parent uint64, req Request) ([]uint
 		return dst, err
 	}
 	c := chain{parent: digest64(parent)}
-	h.walk(&c, req.Tokens, &d, req.Extra, func(d Digest, _ *extraSource) {
-		dst = append(dst, d.Key())
-	})
-	return dst, nil
+	out := sink{keys: dst}
+	h.walk(&c, req.Tokens, &d, req.Extra, &out)
+	return out.keys, nil
 }
 
 // BlocksFrom is Blocks for the blocks that follow the block whose full digest
@@ -337,10 +362,9 @@ func (h *Hasher) blocks(dst []Block, c chain, req Request) ([]Block, error) {
 	if err != nil {
 		return dst, err
 	}
-	h.walk(&c, req.Tokens, &d, req.Extra, func(d Digest, ex *extraSource) {
-		dst = append(dst, Block{Key: d.Key(), Digest: d, Extra: ex.materialise()})
-	})
-	return dst, nil
+	out := sink{blocks: dst, wantBlocks: true}
+	h.walk(&c, req.Tokens, &d, req.Extra, &out)
+	return out.blocks, nil
 }
 
 // chain is where a chain of blocks stands: the digest of its last block, the
@@ -357,30 +381,45 @@ type derived struct {
 	mm         []MMItem // sorted, positions relative to the chain's start
 }
 
-// walk hashes every full block of tokens, which start at c.pos, advancing c.
-// Block i's extra keys are extra[i] when extra is non-nil, else derived from
-// d. emit is called for each block in order.
-func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey, emit func(d Digest, ex *extraSource)) {
+// sink receives walk's blocks: their keys, or with wantBlocks whole Blocks.
+type sink struct {
+	keys       []uint64
+	blocks     []Block
+	wantBlocks bool
+}
+
+// walk hashes every full block of tokens, which start at c.pos, advancing c,
+// and appends them to out. Block i's extra keys are extra[i] when extra is
+// non-nil, else derived from d.
+func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey, out *sink) {
 	s := h.pool.Get().(*scratch)
 	defer h.pool.Put(s)
 	bs := h.cfg.BlockSize
+	ex := &s.ex
+	*ex = extraSource{}
+	// Most requests have no extra keys; their blocks skip deriving them.
+	plain := extra == nil && d.lora == "" && (d.salt == "" || c.pos > 0) && len(d.mm) == 0
 	for i := range len(tokens) / bs {
 		start := c.pos
-		ex := &s.ex
-		*ex = extraSource{}
-		if extra != nil {
+		switch {
+		case plain:
+		case extra != nil:
 			ex.explicit, ex.keys = true, extra[i]
-		} else {
-			ex.lora = d.lora
+		default:
+			*ex = extraSource{lora: d.lora}
 			if start == 0 {
 				ex.salt = d.salt
 			}
 			s.mm = c.cur.advance(s.mm[:0], d.mm, start, start+bs)
 			ex.mm, ex.mmIdx, ex.start = d.mm, s.mm, start
 		}
-		c.parent = h.hashBlock(s, c.parent, tokens[i*bs:i*bs+bs], ex)
+		key := h.hashBlock(s, &c.parent, tokens[i*bs:i*bs+bs], ex)
 		c.pos += bs
-		emit(c.parent, ex)
+		if out.wantBlocks {
+			out.blocks = append(out.blocks, Block{Key: key, Digest: c.parent, Extra: ex.materialise()})
+		} else {
+			out.keys = append(out.keys, key)
+		}
 	}
 	// Drop references to the caller's data before the scratch is reused.
 	s.ex = extraSource{}
@@ -514,15 +553,16 @@ func (e *extraSource) materialise() []ExtraKey {
 	return out
 }
 
-// hashBlock encodes (parent, tokens, extra) into s.buf and hashes it.
-func (h *Hasher) hashBlock(s *scratch, parent Digest, tokens []uint32, ex *extraSource) Digest {
+// hashBlock encodes (parent, tokens, extra) into s.buf, replaces parent with
+// the block's digest and returns its key.
+func (h *Hasher) hashBlock(s *scratch, parent *Digest, tokens []uint32, ex *extraSource) uint64 {
 	switch h.enc {
 	case encPickle:
 		s.buf = appendPickleBlock(s.buf[:0], parent, tokens, ex)
 	case encCBOR:
-		s.buf = appendCBORBlock(s.buf[:0], parent, h.cfg.Algo == SHA256CBOR64, tokens, ex)
+		s.buf = appendCBORBlock(s.buf[:0], parent, h.fn == fnSHA256Low64, tokens, ex)
 	case encContent:
 		s.buf = appendContentBlock(s.buf[:0], parent.Key(), tokens, ex)
 	}
-	return h.sum(s.buf)
+	return h.sum(parent, s.buf)
 }

@@ -1,6 +1,10 @@
 package hashing
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math/bits"
+	"slices"
+)
 
 // CPython's pickle opcodes used for the hashed values.
 const (
@@ -122,6 +126,54 @@ func (p *pickler) token(t uint32) {
 	}
 }
 
+// pickleTokenLen and pickleTokenWord give, by bits.Len32 of a token, the
+// length of its pickle encoding and the opcode bytes of the little-endian
+// word that holds the encoding with the token shifted in.
+var (
+	pickleTokenLen   [33]uint8
+	pickleTokenWord  [33]uint64
+	pickleTokenShift [33]uint8
+)
+
+func init() {
+	for l := range pickleTokenLen {
+		switch {
+		case l <= 8:
+			pickleTokenLen[l], pickleTokenWord[l], pickleTokenShift[l] = 2, pkBinInt1, 8
+		case l <= 16:
+			pickleTokenLen[l], pickleTokenWord[l], pickleTokenShift[l] = 3, pkBinInt2, 8
+		case l <= 31:
+			pickleTokenLen[l], pickleTokenWord[l], pickleTokenShift[l] = 5, pkBinInt, 8
+		default:
+			pickleTokenLen[l], pickleTokenWord[l], pickleTokenShift[l] = 7, pkLong1|5<<8, 16
+		}
+	}
+}
+
+// tokens writes the elements of a tuple of token ids. When no frame can fill
+// up within them it skips the per-object frame check and writes each token
+// as one little-endian word, advancing by the encoding's length.
+func (p *pickler) tokens(tokens []uint32) {
+	const maxLen = 7
+	p.boundary()
+	p.open()
+	if len(p.b)-p.frame-frameHeaderSize+maxLen*len(tokens) >= frameSizeTarget {
+		for _, t := range tokens {
+			p.token(t)
+		}
+		return
+	}
+	n := len(p.b)
+	p.b = slices.Grow(p.b, maxLen*len(tokens)+8)
+	buf := p.b[:cap(p.b)]
+	for _, t := range tokens {
+		l := bits.Len32(t)
+		binary.LittleEndian.PutUint64(buf[n:], pickleTokenWord[l]|uint64(t)<<pickleTokenShift[l])
+		n += int(pickleTokenLen[l])
+	}
+	p.b = p.b[:n]
+}
+
 // dataHead writes the opcode and length of a str or bytes of n bytes; the
 // caller appends the payload and then memoizes.
 func (p *pickler) dataHead(short, long, long8 byte, n int) {
@@ -231,15 +283,13 @@ func appendPickleValue(b []byte, s string) []byte {
 
 // appendPickleBlock appends pickle.dumps((parent, tuple(tokens), extra),
 // protocol=5), where parent is bytes and extra a tuple or None.
-func appendPickleBlock(b []byte, parent Digest, tokens []uint32, ex *extraSource) []byte {
+func appendPickleBlock(b []byte, parent *Digest, tokens []uint32, ex *extraSource) []byte {
 	var p pickler
 	p.begin(b)
 	p.tupleStart(3)
 	p.bytes(parent.b[:parent.n])
 	p.tupleStart(len(tokens))
-	for _, t := range tokens {
-		p.token(t)
-	}
+	p.tokens(tokens)
 	p.tupleEnd(len(tokens))
 	n := ex.count()
 	switch {
