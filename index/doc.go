@@ -1,0 +1,69 @@
+// Package index records which holder (a vLLM engine: pod and data-parallel
+// rank) holds which KV cache block in which tier, and answers, for a
+// prompt's block keys, how long a prefix each holder has.
+//
+// # Model
+//
+// A holding is (model, block key, holder, tier, KV cache group). A block
+// counts as held by a holder in a tier when any group holds it, so removing
+// one group's copy keeps the others'. Tiers are the media engines report
+// ("GPU", "CPU", or any other non-empty name). Keys are vLLM's uint64 event
+// block keys; each model has its own key space.
+//
+// For a prompt, Lookup gives every holder with a hit the longest prefix held
+// in any tier (a block counts when some tier holds it) and, per tier, the
+// longest prefix held in that tier alone. Run gives the consecutive run a
+// holder has from a given block in a given set of tiers: what it could
+// supply to a destination that already has the blocks before. Holders lists
+// the holders of one block. There is no cap on holders per block.
+//
+// # Exactness
+//
+// Answers equal those of a brute-force model that checks every block of
+// the prompt against every holding, including holdings with holes (a parent
+// removed, its child kept), blocks stored without a parent, several tiers
+// and groups. Two properties of vLLM's chained hashes are relied on: the
+// prompt passed to Lookup and Run is a chain (each key's parent block is the
+// key before it), and a block's parent is the same in every event that
+// reports it.
+//
+// Lookups are fast because engines store a block only after its parent. For
+// each holder and tier the index keeps, per block, the block's reported
+// parent and the length of the chain of reported parents above it, and
+// counts held blocks whose parent is not held. While that count is zero, a
+// held block at position j whose chain reaches back j-i blocks proves that
+// blocks i..j are all held, so a lookup gallops over the prompt, probing
+// O(log n) blocks per holder instead of n. Where the count is not zero (a
+// parent was evicted and its child kept), that holder's tier is checked
+// block by block: slower, equally exact.
+//
+// # Concurrency
+//
+// Readers (Lookup, Run, Holders, HolderBlocks, Stats) take no lock and never
+// wait for writers: each holder's blocks live in hash tables written by one
+// writer and read with atomic loads; a growing table is rebuilt aside and
+// swapped in. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
+// per holder and model on a mutex readers never touch; the events package
+// calls them from one goroutine per holder, so different holders proceed in
+// parallel. A lookup concurrent with writes sees each block either before
+// or after each write.
+//
+// # Memory
+//
+// Memory is bounded by holdings, about 30 bytes per (block, tier) a holder
+// holds. Config.HolderCapacity (or SetHolderCapacity: the pod's real cache
+// size in blocks) caps one holder; Config.MaxHolderBlocks caps the total.
+// Past either, the oldest holdings are evicted (the largest holder's, for
+// the total), counted in Stats and logged at debug level, so lost removal
+// events cannot grow the index without bound. A holding removed and stored
+// again keeps its first place in that order until the holder's eviction
+// queue is next compacted.
+//
+// # Snapshots
+//
+// SaveFile writes the whole index and the per-holder last event sequence
+// numbers to a versioned, checksummed file, atomically; LoadFile reads it
+// back, rejecting a corrupt or foreign file with ErrBadSnapshot and loading
+// nothing. A restarted router loads its snapshot and asks each engine to
+// replay what it missed after the saved sequence.
+package index

@@ -1,0 +1,410 @@
+package index
+
+import (
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
+)
+
+// DefaultMaxHolderBlocks is the total budget when Config.MaxHolderBlocks is
+// zero: about 2 GiB of index at 32 bytes a holding.
+const DefaultMaxHolderBlocks = 64 << 20
+
+// Config configures an Index. The zero value is ready to use.
+type Config struct {
+	// HolderCapacity is the most (block, tier) holdings one holder may have
+	// per model, normally the pod's cache size in blocks; past it the
+	// holder's oldest holdings are evicted. Zero means no per-holder limit
+	// (the total budget still applies). SetHolderCapacity overrides it per
+	// holder.
+	HolderCapacity int
+	// MaxHolderBlocks is the total of holdings over all holders and models;
+	// past it the oldest holdings of the largest holder are evicted. Zero
+	// means DefaultMaxHolderBlocks; negative means no budget.
+	MaxHolderBlocks int64
+	// Logger receives evictions and rejected input at debug level, at most
+	// once a second per kind. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Stats are the index's counters since New (or LoadFile).
+type Stats struct {
+	Models       int   // models with at least one holder
+	Holders      int   // (model, holder) pairs
+	HolderBlocks int64 // current (block, tier) holdings
+
+	Stored  uint64 // blocks passed to Store
+	Removed uint64 // holdings dropped by Remove
+	Cleared uint64 // holdings dropped by ClearHolder and RemoveHolder
+
+	EvictedCapacity uint64 // holdings evicted past a holder's capacity
+	EvictedBudget   uint64 // holdings evicted past MaxHolderBlocks
+
+	RejectedTier uint64 // stores dropped for an empty tier or too many tiers
+}
+
+// Index maps, per model, block keys to the holders that hold them and in
+// which tier. See the package documentation for the concurrency contract.
+type Index struct {
+	cfg    Config
+	budget int64
+	log    *slog.Logger
+
+	models *xsync.Map[string, *modelState]
+	caps   *xsync.Map[Holder, int64]
+	total  atomic.Int64
+
+	stored, removed, cleared       atomic.Uint64
+	evictedCapacity, evictedBudget atomic.Uint64
+	rejectedTier                   atomic.Uint64
+
+	lastLog [logKinds]atomic.Int64
+}
+
+// modelState holds one model's holders. The list is copied on change so a
+// lookup ranges over it without a lock.
+type modelState struct {
+	holders *xsync.Map[Holder, *holderState]
+	mu      sync.Mutex
+	list    atomic.Pointer[[]*holderState]
+}
+
+// New returns an empty index.
+func New(cfg Config) *Index {
+	ix := &Index{
+		cfg:    cfg,
+		budget: cfg.MaxHolderBlocks,
+		log:    cfg.Logger,
+		models: xsync.NewMap[string, *modelState](),
+		caps:   xsync.NewMap[Holder, int64](),
+	}
+	if ix.budget == 0 {
+		ix.budget = DefaultMaxHolderBlocks
+	}
+	if ix.log == nil {
+		ix.log = slog.Default()
+	}
+	return ix
+}
+
+const (
+	logTier = iota
+	logCapacity
+	logBudget
+	logKinds
+)
+
+// logf logs at debug level, at most once a second per kind.
+func (ix *Index) logf(kind int, msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := ix.lastLog[kind].Load()
+	if now-last < int64(time.Second) || !ix.lastLog[kind].CompareAndSwap(last, now) {
+		return
+	}
+	ix.log.Debug(msg, args...)
+}
+
+func (ix *Index) model(name string, create bool) *modelState {
+	if !create {
+		ms, _ := ix.models.Load(name)
+		return ms
+	}
+	ms, _ := ix.models.LoadOrCompute(name, func() (*modelState, bool) {
+		ms := &modelState{holders: xsync.NewMap[Holder, *holderState]()}
+		empty := []*holderState{}
+		ms.list.Store(&empty)
+		return ms, false
+	})
+	return ms
+}
+
+func (ix *Index) capacityOf(h Holder) int64 {
+	if c, ok := ix.caps.Load(h); ok {
+		return c
+	}
+	return int64(ix.cfg.HolderCapacity)
+}
+
+// lockHolder returns h's state for model, locked, creating it when create
+// is set; nil when absent.
+func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
+	ms := ix.model(model, create)
+	if ms == nil {
+		return nil
+	}
+	for {
+		hs, ok := ms.holders.Load(h)
+		if !ok {
+			if !create {
+				return nil
+			}
+			ms.mu.Lock()
+			hs, ok = ms.holders.Load(h)
+			if !ok {
+				hs = newHolderState(h, ix.capacityOf(h))
+				ms.holders.Store(h, hs)
+				list := *ms.list.Load()
+				next := make([]*holderState, len(list), len(list)+1)
+				copy(next, list)
+				next = append(next, hs)
+				ms.list.Store(&next)
+			}
+			ms.mu.Unlock()
+		}
+		hs.mu.Lock()
+		if !hs.dead {
+			return hs
+		}
+		hs.mu.Unlock()
+	}
+}
+
+// Store records that h holds keys in tier for KV cache group. keys are
+// consecutive blocks of one chain; when hasParent is set, parent is the
+// block before keys[0], otherwise keys[0] starts a chain or its parent is
+// unknown. Storing a holding twice is harmless.
+func (ix *Index) Store(model string, h Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
+	if len(keys) == 0 {
+		return
+	}
+	if tier == "" {
+		ix.rejectedTier.Add(uint64(len(keys)))
+		ix.logf(logTier, "index: store without tier dropped", "pod", h.Pod, "rank", h.Rank, "model", model, "blocks", len(keys))
+		return
+	}
+	hs := ix.lockHolder(model, h, true)
+	defer hs.mu.Unlock()
+	ti, ts := hs.tier(tier, true)
+	if ts == nil {
+		ix.rejectedTier.Add(uint64(len(keys)))
+		ix.logf(logTier, "index: too many tiers, store dropped", "pod", h.Pod, "rank", h.Rank, "model", model, "tier", tier, "blocks", len(keys))
+		return
+	}
+	t := ts.tab.Load()
+	if !t.fits(len(keys) + 1) {
+		t = hs.rehash(ti, len(keys)+1)
+	}
+	prev := -1
+	if hasParent {
+		if prev = t.find(parent); prev < 0 {
+			prev = t.insert(parent, 0)
+		}
+	}
+	var added int64
+	for _, k := range keys {
+		i := t.find(k)
+		if i < 0 {
+			var m uint64
+			if prev >= 0 {
+				m = anchoredMeta(prev, t.slots[prev].meta.Load())
+			}
+			i = t.insert(k, m)
+		}
+		if ts.addGroup(t, i, k, group) {
+			hs.push(ti, i)
+			added++
+		}
+		prev = i
+	}
+	ix.stored.Add(uint64(len(keys)))
+	if added > 0 {
+		hs.live.Add(added)
+		ix.total.Add(added)
+		ix.enforce(model, hs)
+	}
+}
+
+// enforce evicts past hs's capacity and the total budget. hs is locked.
+func (ix *Index) enforce(model string, hs *holderState) {
+	if c := hs.capacity.Load(); c > 0 {
+		if over := hs.live.Load() - c; over > 0 {
+			n := hs.evict(over)
+			ix.total.Add(-n)
+			ix.evictedCapacity.Add(uint64(n))
+			ix.logf(logCapacity, "index: holder over capacity, oldest blocks evicted", "pod", hs.h.Pod, "rank", hs.h.Rank, "model", model, "capacity", c, "evicted", n)
+		}
+	}
+	if ix.budget < 0 {
+		return
+	}
+	over := ix.total.Load() - ix.budget
+	if over <= 0 {
+		return
+	}
+	// Evict a little more than needed so that a full index does not scan
+	// for a victim on every store.
+	over += min(1024, ix.budget/256)
+	victim := ix.largest()
+	if victim != hs {
+		if victim == nil || !victim.mu.TryLock() {
+			victim = hs
+		} else {
+			defer victim.mu.Unlock()
+			if victim.dead {
+				return
+			}
+		}
+	}
+	n := victim.evict(over)
+	ix.total.Add(-n)
+	ix.evictedBudget.Add(uint64(n))
+	ix.logf(logBudget, "index: over budget, oldest blocks of largest holder evicted", "pod", victim.h.Pod, "rank", victim.h.Rank, "budget", ix.budget, "evicted", n)
+}
+
+func (ix *Index) largest() *holderState {
+	var best *holderState
+	var most int64 = -1
+	ix.models.Range(func(_ string, ms *modelState) bool {
+		for _, hs := range *ms.list.Load() {
+			if n := hs.live.Load(); n > most {
+				best, most = hs, n
+			}
+		}
+		return true
+	})
+	return best
+}
+
+// Remove records that h no longer holds keys in tier for group. Blocks it
+// does not hold are ignored.
+func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []uint64) {
+	if len(keys) == 0 {
+		return
+	}
+	hs := ix.lockHolder(model, h, false)
+	if hs == nil {
+		return
+	}
+	defer hs.mu.Unlock()
+	_, ts := hs.tier(tier, false)
+	if ts == nil {
+		return
+	}
+	t := ts.tab.Load()
+	var n int64
+	for _, k := range keys {
+		if i := t.find(k); i >= 0 && ts.removeGroup(t, i, k, group) {
+			n++
+		}
+	}
+	if n > 0 {
+		hs.live.Add(-n)
+		ix.total.Add(-n)
+		ix.removed.Add(uint64(n))
+		hs.maybeCompact()
+	}
+}
+
+// ClearHolder drops everything h holds for model in tier, or in every tier
+// when tier is empty (vLLM's AllBlocksCleared).
+func (ix *Index) ClearHolder(model string, h Holder, tier string) {
+	hs := ix.lockHolder(model, h, false)
+	if hs == nil {
+		return
+	}
+	defer hs.mu.Unlock()
+	var n int64
+	tiers := hs.tierList()
+	gone := make([]bool, len(tiers))
+	for ti, ts := range tiers {
+		if tier != "" && ts.name != tier {
+			continue
+		}
+		gone[ti] = true
+		n += ts.tab.Load().live.Load()
+	}
+	hs.dropTiers(gone)
+	for ti, ts := range tiers {
+		if gone[ti] {
+			ts.tab.Store(newTable(minTableSize))
+			ts.ext, ts.childOver = nil, nil
+		}
+	}
+	hs.live.Add(-n)
+	ix.total.Add(-n)
+	ix.cleared.Add(uint64(n))
+}
+
+// RemoveHolder forgets h in every model, e.g. when its pod is gone.
+func (ix *Index) RemoveHolder(h Holder) {
+	ix.models.Range(func(_ string, ms *modelState) bool {
+		ms.mu.Lock()
+		hs, ok := ms.holders.LoadAndDelete(h)
+		if ok {
+			list := *ms.list.Load()
+			next := make([]*holderState, 0, len(list))
+			for _, x := range list {
+				if x != hs {
+					next = append(next, x)
+				}
+			}
+			ms.list.Store(&next)
+		}
+		ms.mu.Unlock()
+		if ok {
+			hs.mu.Lock()
+			hs.dead = true
+			n := hs.live.Load()
+			hs.live.Store(0)
+			ix.total.Add(-n)
+			ix.cleared.Add(uint64(n))
+			hs.mu.Unlock()
+		}
+		return true
+	})
+}
+
+// SetHolderCapacity sets h's capacity in blocks per model, overriding
+// Config.HolderCapacity (0 removes the limit). It applies at h's next store.
+func (ix *Index) SetHolderCapacity(h Holder, blocks int) {
+	ix.caps.Store(h, int64(blocks))
+	ix.models.Range(func(_ string, ms *modelState) bool {
+		if hs, ok := ms.holders.Load(h); ok {
+			hs.capacity.Store(int64(blocks))
+		}
+		return true
+	})
+}
+
+// HolderBlocks returns how many blocks h holds for model in each tier.
+func (ix *Index) HolderBlocks(model string, h Holder) map[string]int {
+	out := make(map[string]int)
+	ms := ix.model(model, false)
+	if ms == nil {
+		return out
+	}
+	hs, ok := ms.holders.Load(h)
+	if !ok {
+		return out
+	}
+	for _, ts := range hs.tierList() {
+		if n := ts.tab.Load().live.Load(); n > 0 {
+			out[ts.name] = int(n)
+		}
+	}
+	return out
+}
+
+// Stats returns the index's counters.
+func (ix *Index) Stats() Stats {
+	s := Stats{
+		HolderBlocks:    ix.total.Load(),
+		Stored:          ix.stored.Load(),
+		Removed:         ix.removed.Load(),
+		Cleared:         ix.cleared.Load(),
+		EvictedCapacity: ix.evictedCapacity.Load(),
+		EvictedBudget:   ix.evictedBudget.Load(),
+		RejectedTier:    ix.rejectedTier.Load(),
+	}
+	ix.models.Range(func(_ string, ms *modelState) bool {
+		if n := len(*ms.list.Load()); n > 0 {
+			s.Models++
+			s.Holders += n
+		}
+		return true
+	})
+	return s
+}

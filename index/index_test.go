@@ -1,0 +1,280 @@
+package index
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// chain returns n chained keys starting from root.
+func chain(root uint64, n int) []uint64 {
+	keys := make([]uint64, n)
+	k := root
+	for i := range keys {
+		if i > 0 {
+			k = chainKey(k, 0)
+		}
+		keys[i] = k
+	}
+	return keys
+}
+
+var (
+	podA = Holder{Pod: "a:8000"}
+	podB = Holder{Pod: "b:8000"}
+	podC = Holder{Pod: "a:8000", Rank: 1}
+)
+
+func TestLookupScenarios(t *testing.T) {
+	p := chain(100, 10)
+	type step func(ix *Index)
+	store := func(h Holder, tier string, group int, from, to int) step {
+		return func(ix *Index) {
+			var parent uint64
+			if from > 0 {
+				parent = p[from-1]
+			}
+			ix.Store("m", h, tier, group, parent, from > 0, p[from:to])
+		}
+	}
+	storeLoose := func(h Holder, tier string, from, to int) step {
+		return func(ix *Index) { ix.Store("m", h, tier, 0, 0, false, p[from:to]) }
+	}
+	remove := func(h Holder, tier string, group int, idx ...int) step {
+		return func(ix *Index) {
+			for _, i := range idx {
+				ix.Remove("m", h, tier, group, p[i:i+1])
+			}
+		}
+	}
+	cases := []struct {
+		name  string
+		steps []step
+		want  map[Holder]Hit
+	}{
+		{
+			name:  "a stored chain is a full prefix",
+			steps: []step{store(podA, TierGPU, 0, 0, 10)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 10, Tiers: []TierPrefix{{TierGPU, 10}}}},
+		},
+		{
+			name:  "a partial chain is a partial prefix",
+			steps: []step{store(podA, TierGPU, 0, 0, 4), store(podB, TierGPU, 0, 0, 7)},
+			want: map[Holder]Hit{
+				podA: {Holder: podA, Prefix: 4, Tiers: []TierPrefix{{TierGPU, 4}}},
+				podB: {Holder: podB, Prefix: 7, Tiers: []TierPrefix{{TierGPU, 7}}},
+			},
+		},
+		{
+			name:  "an evicted parent ends the prefix although its children are kept",
+			steps: []step{store(podA, TierGPU, 0, 0, 10), remove(podA, TierGPU, 0, 3)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 3, Tiers: []TierPrefix{{TierGPU, 3}}}},
+		},
+		{
+			name:  "storing the evicted parent again restores the prefix",
+			steps: []step{store(podA, TierGPU, 0, 0, 10), remove(podA, TierGPU, 0, 3, 6), store(podA, TierGPU, 0, 3, 4), store(podA, TierGPU, 0, 6, 7)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 10, Tiers: []TierPrefix{{TierGPU, 10}}}},
+		},
+		{
+			name:  "a chain without its first blocks is no prefix",
+			steps: []step{store(podA, TierGPU, 0, 2, 10)},
+			want:  map[Holder]Hit{},
+		},
+		{
+			name:  "the prefix runs across tiers block by block",
+			steps: []step{store(podA, TierGPU, 0, 0, 4), storeLoose(podA, TierCPU, 3, 8)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 8, Tiers: []TierPrefix{{TierGPU, 4}}}},
+		},
+		{
+			name:  "blocks stored without a parent join the chain they continue",
+			steps: []step{store(podA, TierCPU, 0, 0, 3), storeLoose(podA, TierCPU, 3, 6), storeLoose(podA, TierCPU, 6, 10)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 10, Tiers: []TierPrefix{{TierCPU, 10}}}},
+		},
+		{
+			name:  "removing one group keeps the block held by another",
+			steps: []step{store(podA, TierGPU, 0, 0, 10), store(podA, TierGPU, 1, 0, 10), store(podA, TierGPU, 9, 0, 10), remove(podA, TierGPU, 1, 2), remove(podA, TierGPU, 0, 2)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 10, Tiers: []TierPrefix{{TierGPU, 10}}}},
+		},
+		{
+			name:  "removing every group drops the block",
+			steps: []step{store(podA, TierGPU, 0, 0, 10), store(podA, TierGPU, 9, 0, 10), remove(podA, TierGPU, 0, 5), remove(podA, TierGPU, 9, 5)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 5, Tiers: []TierPrefix{{TierGPU, 5}}}},
+		},
+		{
+			name:  "storing twice is storing once",
+			steps: []step{store(podA, TierGPU, 0, 0, 6), store(podA, TierGPU, 0, 0, 6), remove(podA, TierGPU, 0, 5)},
+			want:  map[Holder]Hit{podA: {Holder: podA, Prefix: 5, Tiers: []TierPrefix{{TierGPU, 5}}}},
+		},
+		{
+			name: "ranks of one pod are separate holders",
+			steps: []step{store(podA, TierGPU, 0, 0, 2), store(podC, TierCPU, 0, 0, 5),
+				func(ix *Index) { ix.ClearHolder("m", podA, "") }},
+			want: map[Holder]Hit{podC: {Holder: podC, Prefix: 5, Tiers: []TierPrefix{{TierCPU, 5}}}},
+		},
+		{
+			name: "clearing one tier keeps the others",
+			steps: []step{store(podA, TierGPU, 0, 0, 3), store(podA, TierCPU, 0, 0, 6),
+				func(ix *Index) { ix.ClearHolder("m", podA, TierCPU) }},
+			want: map[Holder]Hit{podA: {Holder: podA, Prefix: 3, Tiers: []TierPrefix{{TierGPU, 3}}}},
+		},
+		{
+			name: "a removed holder is gone",
+			steps: []step{store(podA, TierGPU, 0, 0, 3), store(podB, TierGPU, 0, 0, 3),
+				func(ix *Index) { ix.RemoveHolder(podA) }},
+			want: map[Holder]Hit{podB: {Holder: podB, Prefix: 3, Tiers: []TierPrefix{{TierGPU, 3}}}},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := New(Config{})
+			for _, s := range tc.steps {
+				s(ix)
+			}
+			var res Result
+			ix.Lookup("m", p, &res)
+			require.Equal(t, tc.want, hitsByHolder(&res))
+		})
+	}
+}
+
+func TestRunCountsFromStartInChosenTiers(t *testing.T) {
+	p := chain(5, 12)
+	ix := New(Config{})
+	ix.Store("m", podA, TierGPU, 0, 0, false, p[:3])
+	ix.Store("m", podA, TierCPU, 0, 0, false, p[:8])
+	ix.Store("m", podA, "disk", 0, p[7], true, p[8:10])
+	cases := []struct {
+		start int
+		tiers []string
+		want  int
+	}{
+		{0, nil, 10},
+		{3, nil, 7},
+		{3, []string{TierCPU}, 5},
+		{3, []string{TierGPU}, 0},
+		{0, []string{TierGPU}, 3},
+		{2, []string{TierGPU, "disk"}, 1},
+		{8, []string{"disk"}, 2},
+		{10, nil, 0},
+		{12, nil, 0},
+		{-1, nil, 0},
+	}
+	for _, tc := range cases {
+		require.Equal(t, tc.want, ix.Run("m", podA, p, tc.start, tc.tiers), "start %d tiers %v", tc.start, tc.tiers)
+	}
+	require.Zero(t, ix.Run("m", podB, p, 0, nil))
+	require.Zero(t, ix.Run("other", podA, p, 0, nil))
+}
+
+func TestHoldersHasNoCapPerBlock(t *testing.T) {
+	ix := New(Config{})
+	p := chain(9, 3)
+	var want []Holder
+	for i := range 300 {
+		h := Holder{Pod: fmt.Sprintf("pod-%d", i)}
+		tier := TierGPU
+		if i%2 == 1 {
+			tier = TierCPU
+		}
+		ix.Store("m", h, tier, 0, 0, false, p)
+		want = append(want, h)
+	}
+	require.ElementsMatch(t, want, ix.Holders("m", p[1], nil))
+	var res Result
+	ix.Lookup("m", p, &res)
+	require.Len(t, res.Hits, 300)
+	require.Empty(t, ix.Holders("m", 12345, nil))
+}
+
+func TestKeyZeroIsAKey(t *testing.T) {
+	ix := New(Config{})
+	keys := []uint64{0, chainKey(0, 0)}
+	ix.Store("m", podA, TierGPU, 0, 0, false, keys)
+	var res Result
+	ix.Lookup("m", keys, &res)
+	require.Equal(t, 2, res.Holder(podA).Prefix)
+	ix.Remove("m", podA, TierGPU, 0, keys[:1])
+	ix.Lookup("m", keys, &res)
+	require.Empty(t, res.Hits)
+}
+
+func TestStoreWithoutTierIsRejectedAndCounted(t *testing.T) {
+	ix := New(Config{})
+	ix.Store("m", podA, "", 0, 0, false, chain(1, 4))
+	s := ix.Stats()
+	require.Equal(t, uint64(4), s.RejectedTier)
+	require.Zero(t, s.HolderBlocks)
+	require.Empty(t, ix.HolderBlocks("m", podA))
+}
+
+func TestHolderCapacityEvictsOldestFirst(t *testing.T) {
+	ix := New(Config{HolderCapacity: 10})
+	old := chain(1, 6)
+	mid := chain(2, 6)
+	ix.Store("m", podA, TierGPU, 0, 0, false, old)
+	ix.Store("m", podA, TierGPU, 0, 0, false, mid)
+	require.Equal(t, map[string]int{TierGPU: 10}, ix.HolderBlocks("m", podA))
+	var res Result
+	ix.Lookup("m", old, &res)
+	require.Empty(t, res.Hits, "the oldest two blocks went first")
+	ix.Lookup("m", mid, &res)
+	require.Equal(t, 6, res.Holder(podA).Prefix)
+	require.Equal(t, uint64(2), ix.Stats().EvictedCapacity)
+
+	ix.SetHolderCapacity(podA, 3)
+	ix.Store("m", podA, TierGPU, 0, 0, false, chain(3, 1))
+	require.Equal(t, map[string]int{TierGPU: 3}, ix.HolderBlocks("m", podA))
+	require.Equal(t, uint64(10), ix.Stats().EvictedCapacity)
+}
+
+func TestBudgetEvictsFromLargestHolder(t *testing.T) {
+	ix := New(Config{MaxHolderBlocks: 1000})
+	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 900))
+	ix.Store("m", podB, TierGPU, 0, 0, false, chain(2, 50))
+	ix.Store("m", podB, TierGPU, 0, 0, false, chain(3, 100))
+	s := ix.Stats()
+	require.LessOrEqual(t, s.HolderBlocks, int64(1000))
+	require.Positive(t, s.EvictedBudget)
+	require.Equal(t, 150, ix.HolderBlocks("m", podB)[TierGPU], "the largest holder pays")
+	require.Equal(t, s.HolderBlocks-150, int64(ix.HolderBlocks("m", podA)[TierGPU]))
+	var res Result
+	ix.Lookup("m", chain(1, 900), &res)
+	require.Nil(t, res.Holder(podA), "its oldest blocks, the chain's start, went first")
+}
+
+func TestLookupDoesNotAllocate(t *testing.T) {
+	ix := New(Config{})
+	p := chain(1, 256)
+	for i := range 16 {
+		ix.Store("m", Holder{Pod: fmt.Sprintf("p%d", i)}, TierGPU, 0, 0, false, p[:16*i+1])
+		ix.Store("m", Holder{Pod: fmt.Sprintf("p%d", i)}, TierCPU, 0, 0, false, p[:8*i+1])
+	}
+	var res Result
+	ix.Lookup("m", p, &res)
+	dst := make([]Holder, 0, 16)
+	allocs := testing.AllocsPerRun(100, func() {
+		ix.Lookup("m", p, &res)
+		ix.Run("m", Holder{Pod: "p3"}, p, 4, []string{TierCPU})
+		dst = ix.Holders("m", p[3], dst)
+	})
+	require.Zero(t, allocs)
+	require.Len(t, res.Hits, 16)
+}
+
+func TestRemovalsKeepMemoryBounded(t *testing.T) {
+	ix := New(Config{})
+	for i := range 200 {
+		keys := chain(uint64(i), 100)
+		ix.Store("m", podA, TierGPU, 0, 0, false, keys)
+		ix.Remove("m", podA, TierGPU, 0, keys)
+	}
+	ms := ix.model("m", false)
+	hs, _ := ms.holders.Load(podA)
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	require.Less(t, len(hs.fifoSlot), 2048)
+	_, ts := hs.tier(TierGPU, false)
+	require.Less(t, len(ts.tab.Load().slots), 1024)
+	require.Zero(t, ix.Stats().HolderBlocks)
+}
