@@ -479,13 +479,14 @@ func (d *Decoder) batch(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	if cap(b.Events) < ne {
-		evs := make([]Event, ne)
-		copy(evs, b.Events[:cap(b.Events)])
-		b.Events = evs
-	}
-	b.Events = b.Events[:ne]
-	for i := range b.Events {
+	// Grown one event at a time: a hostile count costs no more than the
+	// events that actually decode. Recycled events keep their slices.
+	for i := range ne {
+		if len(b.Events) < cap(b.Events) {
+			b.Events = b.Events[:i+1]
+		} else {
+			b.Events = append(b.Events, Event{})
+		}
 		e := &b.Events[i]
 		e.reset()
 		if err := d.event(e); err != nil {

@@ -2,6 +2,8 @@
 // nothing it could have known and saying loudly when it cannot trust its
 // state.
 //
+// # Decoding
+//
 // vLLM publishes one ZMQ message per scheduler step, [topic, seq, payload],
 // where payload is a msgpack EventBatch. Decoder reads every layout vLLM has
 // used (tagged positional arrays of each field generation, tagged maps with
@@ -10,13 +12,58 @@
 // wrapping ErrMalformed, never a panic; an event of unknown type is skipped
 // and the rest of its batch applies. The decoder walks the payload with
 // msgpack's streaming Decoder and reads integer arrays (token ids, block
-// hashes) straight from the same buffer: with msgpack's per-value calls a
-// core decodes about 2.3M blocks/s, with the direct path over 5M.
+// hashes) straight from the same buffer: with msgpack's per-value calls one
+// core decodes about 2.3M blocks/s, with the direct path over 5M. Publisher
+// is a vLLM-compatible publisher (PUB, sequence numbers, ROUTER replay, both
+// layouts and both replay formats) for tests, examples and demos.
 //
-// Subscriber receives from engines (binding a SUB socket they connect to,
-// connecting one SUB socket per pod endpoint, or both), keeps each holder's
-// (pod, data-parallel rank) events in order on one of N workers, detects
-// sequence gaps and engine restarts, fetches missed batches from an engine's
-// replay endpoint, and applies events to a Sink, normally an *index.Index.
-// Publisher is a vLLM-compatible publisher for tests, examples and demos.
+// # Subscribing
+//
+// Subscriber receives from engines in bind mode (one SUB socket every engine
+// connects to), connect mode (one SUB socket per pod endpoint, added and
+// removed at run time with AddPod and RemovePod, libzmq reconnecting), or
+// both. A holder is a (pod, data-parallel rank) pair; all messages of a pod
+// go to one of Config.Workers workers, so each holder's events apply in
+// order, and drive a Sink, normally an *index.Index.
+//
+// Sequence numbers are tracked per holder:
+//   - A jump forward is a gap. When the pod has a replay endpoint the missed
+//     batches are fetched (both reply formats) and applied in order.
+//   - A gap replay cannot close (no endpoint, timeout, range no longer
+//     buffered) is handled by Config.Gap. The default, GapClear, clears the
+//     holder's entries: from then on the index holds a subset of the
+//     engine's blocks, which can cost a hit but never sends a pull for a
+//     block that is gone. GapKeep keeps them and reports the holder "stale".
+//   - A sequence number that goes backwards is an engine restart: the holder
+//     is cleared, then the batch applies.
+//   - A holder seen for the first time starts wherever it joins (its empty
+//     view is a subset of the engine's); earlier batches are fetched from
+//     replay when possible. Config.InitialSeqs instead resumes a router
+//     restored from an index snapshot, treating what it missed as a gap.
+//   - A full worker queue does not block the receive loop for longer than
+//     Config.EnqueueTimeout: the message is dropped, counted, and its pod is
+//     resynchronised from replay (or marked stale until the gap shows).
+//
+// Every case is counted in Stats and in each holder's HolderStatus.
+//
+// # Trust: engine keys or content keys
+//
+// By default the index is keyed by the engines' own block hashes, and the
+// router hashes prompts with package hashing configured like the engines
+// (algorithm, PYTHONHASHSEED, block size). Config.Hasher enables the hash
+// agreement check: each BlockStored that starts at block 0 with token ids
+// is rehashed and compared, a mismatch is counted per holder and logged
+// once per holder and interval with its likely causes. Choose this mode
+// whenever the engines' settings are known and reproducible: keys need no
+// translation and every event, including token-less ones, applies.
+//
+// Content-key mode (Config.ContentKeys, a hashing.Content hasher) is for
+// engines whose hashes a router cannot reproduce: xxhash with a random
+// seed, another engine, a future vLLM change. Index keys are computed from
+// each event's token ids with the same chained content hash the request
+// side then uses, and a bounded per-holder map from engine keys to content
+// keys resolves later BlockRemoved events and token-less CPU-tier events.
+// It costs a hash per stored block and needs events with token ids; blocks
+// it cannot resolve are counted (Stats.Unresolved) and left out, so the
+// index again holds a subset of the engine's blocks.
 package events

@@ -358,6 +358,17 @@ func (s *Subscriber) Status() []HolderStatus {
 	return out
 }
 
+// LastSeq returns the sequence number of the last batch applied for h, and
+// whether h is known. A service snapshotting the index records these as the
+// next run's Config.InitialSeqs.
+func (s *Subscriber) LastSeq(h index.Holder) (uint64, bool) {
+	v, ok := s.holders.Load(h)
+	if !ok {
+		return 0, false
+	}
+	return v.(*holder).lastSeq.Load(), true
+}
+
 func (s *Subscriber) podCounters(pod string) *podCounters {
 	if v, ok := s.pods.Load(pod); ok {
 		return v.(*podCounters)
