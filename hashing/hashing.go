@@ -307,7 +307,7 @@ func (h *Hasher) sum(d *Digest, buf []byte) uint64 {
 // and returns the extended slice.
 func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
 	dst = dst[:0]
-	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize)
+	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, false)
 	if err != nil {
 		return dst, err
 	}
@@ -321,22 +321,23 @@ func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
 // extra keys, and returns the extended slice. Unlike BlockKeys it allocates
 // the extra-key tuples of the blocks that have any.
 func (h *Hasher) Blocks(dst []Block, req Request) ([]Block, error) {
-	return h.blocks(dst, chain{parent: h.root}, req)
+	return h.blocks(dst, chain{parent: h.root}, req, false)
 }
 
 // BlockKeysFrom is BlockKeys for the blocks that follow a block known only by
 // its event-form key parent, as a KV event's parent_block_hash gives it.
 // Only Content and SHA256CBOR64 chain on a value the key determines; other
 // algorithms return ErrNeedDigest (continue those with BlocksFrom or a
-// Prefix). req.Tokens start at the first block after parent, MM offsets are
-// relative to that start, and CacheSalt is ignored: only block 0 carries it.
+// Prefix). req.Tokens start at the first block after parent; MM offsets are
+// relative to that start, negative for an item that began before it; and
+// CacheSalt is ignored: only block 0 carries it.
 func (h *Hasher) BlockKeysFrom(dst []uint64, parent uint64, req Request) ([]uint64, error) {
 	dst = dst[:0]
 	if h.cfg.Algo != Content && h.cfg.Algo != SHA256CBOR64 {
 		return dst, fmt.Errorf("%w: %s", ErrNeedDigest, h.cfg.Algo)
 	}
 	req.CacheSalt = ""
-	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize)
+	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, true)
 	if err != nil {
 		return dst, err
 	}
@@ -353,12 +354,12 @@ func (h *Hasher) BlocksFrom(dst []Block, parent Digest, req Request) ([]Block, e
 		return dst[:0], fmt.Errorf("hashing: parent digest of %d bytes, %s chains %d", parent.n, h.cfg.Algo, h.root.n)
 	}
 	req.CacheSalt = ""
-	return h.blocks(dst, chain{parent: parent}, req)
+	return h.blocks(dst, chain{parent: parent}, req, true)
 }
 
-func (h *Hasher) blocks(dst []Block, c chain, req Request) ([]Block, error) {
+func (h *Hasher) blocks(dst []Block, c chain, req Request, continuation bool) ([]Block, error) {
 	dst = dst[:0]
-	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize)
+	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, continuation)
 	if err != nil {
 		return dst, err
 	}
@@ -426,11 +427,12 @@ func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey,
 }
 
 // prepare validates req for n full blocks and returns its derived options.
-func prepare(req *Request, n int) (derived, error) {
+// A continuation's items may start before its first token.
+func prepare(req *Request, n int, continuation bool) (derived, error) {
 	if err := checkExtra(*req, n); err != nil {
 		return derived{}, err
 	}
-	mm, err := sortedMM(req.MM)
+	mm, err := sortedMM(req.MM, continuation)
 	if err != nil {
 		return derived{}, err
 	}
@@ -452,10 +454,10 @@ func checkExtra(req Request, blocks int) error {
 
 // sortedMM validates items and returns them sorted by offset, copying only
 // when they are not sorted already.
-func sortedMM(items []MMItem) ([]MMItem, error) {
+func sortedMM(items []MMItem, negativeOffsets bool) ([]MMItem, error) {
 	sorted := true
 	for i, it := range items {
-		if it.Offset < 0 || it.Length < 0 {
+		if (it.Offset < 0 && !negativeOffsets) || it.Length < 0 {
 			return nil, fmt.Errorf("%w: %q at offset %d, length %d", ErrMMItem, it.ID, it.Offset, it.Length)
 		}
 		if i > 0 && it.Offset < items[i-1].Offset {

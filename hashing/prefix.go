@@ -26,7 +26,7 @@ type Prefix struct {
 // the remaining tokens. With req.Extra set, later blocks need their extra
 // keys added with AddExtra before Append can hash them.
 func (h *Hasher) NewPrefix(req Request) (*Prefix, error) {
-	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize)
+	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, false)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +93,7 @@ func (p *Prefix) AddMM(items ...MMItem) error {
 	if p.explicit {
 		return fmt.Errorf("%w: AddMM on a Prefix with explicit extra keys", ErrExtraMode)
 	}
-	add, err := sortedMM(items)
+	add, err := sortedMM(items, false)
 	if err != nil {
 		return err
 	}
