@@ -65,5 +65,23 @@
 // protocol runs end to end over real sockets without NIXL. Built with
 // -tags nixl, NewNIXL returns a data plane over NIXL's C API (UCX backend,
 // DRAM registration, WRITE transfers by block index), interoperable with
-// vLLM's NIXL agents; see nixl.go for how to build and test it.
+// vLLM's NIXL agents. Memory registered with NIXL must live outside the Go
+// heap: allocate it with AllocRegion.
+//
+// # Building with NIXL
+//
+// NIXL v1.4.0 builds libnixl_capi.so (src/bindings/rust, meson target
+// nixl_capi) but installs no header, SONAME or pkg-config file, so the
+// declarations the package needs are in nixl.go and only the library must
+// be found. With NIXL and UCX installed under $NIXL_PREFIX:
+//
+//	LIB=$NIXL_PREFIX/lib/x86_64-linux-gnu
+//	export CGO_LDFLAGS="-L$LIB -Wl,-rpath,$LIB"
+//	export LD_LIBRARY_PATH=$LIB:$LD_LIBRARY_PATH   # and NIXL_PLUGIN_DIR if not the default
+//	go test -tags nixl -race ./transfer/...
+//
+// The nixl tests run two agents in one process over UCX loopback: a raw
+// WRITE by block index, and the protocol end to end with both sides on
+// NIXL. Without the tag nothing refers to NIXL and the package builds
+// anywhere libzmq does.
 package p2p
