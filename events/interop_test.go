@@ -101,8 +101,9 @@ func TestInteropWithVLLMPublisherModel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			port := freePort(t)
-			sink := newRecSink()
-			cfg := Config{Sink: sink, TopicPrefix: "kv@"}
+			tee := newTeeSink()
+			sink := tee.rec
+			cfg := Config{Sink: tee, TopicPrefix: "kv@"}
 			args := append([]string{"--topic", topic}, tc.args...)
 			if tc.bind {
 				cfg.Bind = []string{localEP(port)}
@@ -117,6 +118,7 @@ func TestInteropWithVLLMPublisherModel(t *testing.T) {
 			runPyPublisher(t, args, tc.batches...)
 			requireKeys(t, sink, "org/llama@v2", h, "GPU", tc.gpu...)
 			requireKeys(t, sink, "org/llama@v2", h, "CPU", tc.cpu...)
+			requireIndexHolds(t, tee.ix, "org/llama@v2", h, map[string][]uint64{"GPU": tc.gpu, "CPU": tc.cpu})
 			st := statusOf(s, h)
 			require.Equal(t, uint64(len(tc.batches)-1), st.LastSeq)
 			require.Zero(t, st.Gaps)
@@ -131,8 +133,9 @@ func TestInteropDroppedSequenceIsReplayedInBothFormats(t *testing.T) {
 			t.Run(format+"/bind="+strconv.FormatBool(bind), func(t *testing.T) {
 				t.Parallel()
 				port, rport := freePort(t), freePort(t)
-				sink := newRecSink()
-				cfg := Config{Sink: sink}
+				tee := newTeeSink()
+				sink := tee.rec
+				cfg := Config{Sink: tee}
 				args := []string{"--topic", "kv@pod@m", "--replay", localEP(rport), "--replay-layout", format,
 					"--drop-seq", "1", "--drop-seq", "2", "--linger", "0.5"}
 				if bind {
@@ -155,6 +158,9 @@ func TestInteropDroppedSequenceIsReplayedInBothFormats(t *testing.T) {
 				)
 				h := index.Holder{Pod: "pod"}
 				requireKeys(t, sink, "m", h, "GPU", 2, 3)
+				requireIndexHolds(t, tee.ix, "m", h, map[string][]uint64{"GPU": {2, 3}})
+				// The replayed batch linked 2 to 1: the chain from block 2 is whole.
+				require.Equal(t, 2, tee.ix.Run("m", h, []uint64{1, 2, 3}, 1, nil))
 				st := statusOf(s, h)
 				require.Equal(t, uint64(1), st.Gaps)
 				require.Equal(t, uint64(1), st.Replays)
@@ -169,8 +175,9 @@ func TestInteropDroppedSequenceIsReplayedInBothFormats(t *testing.T) {
 func TestInteropEngineRestartClearsTheHolder(t *testing.T) {
 	t.Parallel()
 	port := freePort(t)
-	sink := newRecSink()
-	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
+	tee := newTeeSink()
+	sink := tee.rec
+	s := startSubscriber(t, Config{Sink: tee, Bind: []string{localEP(port)}})
 	args := []string{"--topic", "kv@pod@m", "--endpoint", localEP(port)}
 	h := index.Holder{Pod: "pod"}
 	runPyPublisher(t, args, interopEvents...)
@@ -178,6 +185,7 @@ func TestInteropEngineRestartClearsTheHolder(t *testing.T) {
 	runPyPublisher(t, args, pyBatch(pyStored([]uint64{7}, nil, seqTokens(100, 4))))
 	requireKeys(t, sink, "m", h, "GPU", 7)
 	requireKeys(t, sink, "m", h, "CPU")
+	requireIndexHolds(t, tee.ix, "m", h, map[string][]uint64{"GPU": {7}})
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Restarts)
 	require.Equal(t, uint64(0), st.LastSeq)
@@ -231,4 +239,19 @@ func TestInteropHashMismatchIsReportedOnlyForAnotherSeed(t *testing.T) {
 			require.Contains(t, logs.String(), "pod=pod")
 		})
 	}
+}
+
+// requireIndexHolds checks that ix holds exactly want (tier -> keys) for h.
+func requireIndexHolds(t *testing.T, ix *index.Index, model string, h index.Holder, want map[string][]uint64) {
+	t.Helper()
+	counts := map[string]int{}
+	for tier, keys := range want {
+		if len(keys) > 0 {
+			counts[tier] = len(keys)
+		}
+		for _, k := range keys {
+			require.Equal(t, 1, ix.Run(model, h, []uint64{k}, 0, []string{tier}), "tier %s block %d", tier, k)
+		}
+	}
+	require.Equal(t, counts, ix.HolderBlocks(model, h))
 }

@@ -78,3 +78,27 @@ func (s *recSink) clearCount(h index.Holder) int {
 	defer s.mu.Unlock()
 	return s.clears[h]
 }
+
+// teeSink applies events to the brute-force model and to a real index, so
+// tests can wait on the model and then check the index against it.
+type teeSink struct {
+	rec *recSink
+	ix  *index.Index
+}
+
+func newTeeSink() *teeSink { return &teeSink{rec: newRecSink(), ix: index.New(index.Config{})} }
+
+func (t *teeSink) Store(model string, h index.Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
+	t.ix.Store(model, h, tier, group, parent, hasParent, keys)
+	t.rec.Store(model, h, tier, group, parent, hasParent, keys)
+}
+
+func (t *teeSink) Remove(model string, h index.Holder, tier string, group int, keys []uint64) {
+	t.ix.Remove(model, h, tier, group, keys)
+	t.rec.Remove(model, h, tier, group, keys)
+}
+
+func (t *teeSink) ClearHolder(model string, h index.Holder, tier string) {
+	t.ix.ClearHolder(model, h, tier)
+	t.rec.ClearHolder(model, h, tier)
+}

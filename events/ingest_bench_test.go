@@ -1,0 +1,135 @@
+package events
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+)
+
+// ingestPayloads pre-encodes a cycle of batches for one pod: each stores 32
+// chains of 16 new blocks (block size 16) and removes the blocks the batch
+// half a cycle earlier stored, so the index stays bounded while every
+// operation kind is exercised.
+func ingestPayloads(pod int, cycle int) [][]byte {
+	const events, blocks = 32, 16
+	rng := rand.New(rand.NewPCG(uint64(pod), 9))
+	keys := make([][]uint64, cycle)
+	for i := range keys {
+		for range events * blocks {
+			keys[i] = append(keys[i], rng.Uint64())
+		}
+	}
+	tokens := make([]uint32, blocks*16)
+	for i := range tokens {
+		tokens[i] = uint32(rng.IntN(150000))
+	}
+	out := make([][]byte, cycle)
+	for i := range out {
+		b := Batch{TS: 1, HasDPRank: true}
+		for e := range events {
+			b.Events = append(b.Events, Event{Type: EventBlockStored, BlockSize: 16, Medium: "GPU",
+				BlockHashes: keys[i][e*blocks : (e+1)*blocks], TokenIDs: tokens})
+		}
+		b.Events = append(b.Events, Event{Type: EventBlockRemoved, Medium: "GPU", BlockHashes: keys[(i+cycle/2)%cycle]})
+		out[i] = AppendBatch(nil, &b, LayoutMap, 0)
+	}
+	return out
+}
+
+// BenchmarkIngest publishes batches over loopback ZMQ with the Go publisher
+// into a live index through the subscriber, and reports stored blocks per
+// second. Each publisher keeps at most a window of batches in flight, so
+// nothing is dropped and the figure is the sustained rate.
+func BenchmarkIngest(b *testing.B) {
+	sha, err := hashing.New(hashing.Config{Algo: hashing.SHA256, BlockSize: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tests := []struct {
+		pods   int
+		hasher *hashing.Hasher
+	}{{1, nil}, {4, nil}, {4, sha}}
+	for _, tc := range tests {
+		pods := tc.pods
+		name := fmt.Sprintf("pods=%d", pods)
+		if tc.hasher != nil {
+			// Every event of these batches starts at block 0, so every one
+			// is checked (and disagrees: the keys are random).
+			name += "/hashcheck"
+		}
+		b.Run(name, func(b *testing.B) {
+			sink := newIngestSink()
+			port := freePort(b)
+			s := startSubscriber(b, Config{Sink: sink, Bind: []string{localEP(port)}, Hasher: tc.hasher,
+				Logger: newTextLogger(discard{})})
+			pubs := make([]*Publisher, pods)
+			payloads := make([][][]byte, pods)
+			for i := range pubs {
+				pubs[i] = newPublisher(b, PublisherConfig{Endpoint: localEP(port), Topic: fmt.Sprintf("kv@pod-%d@m", i)})
+				payloads[i] = ingestPayloads(i, 64)
+				warmUp(b, pubs[i], s, 0)
+			}
+			holders := make([]index.Holder, pods)
+			for i := range holders {
+				holders[i] = index.Holder{Pod: fmt.Sprintf("pod-%d", i)}
+			}
+			applied := func(pod int) uint64 {
+				seq, _ := s.LastSeq(holders[pod])
+				return seq
+			}
+			start := make([]uint64, pods)
+			for i := range pubs {
+				start[i] = applied(i)
+			}
+			const window = 64
+			var published atomic.Uint64
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for i := range pubs {
+				n := b.N / pods
+				if i < b.N%pods {
+					n++
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var last uint64
+					for k := range n {
+						for k >= window && last-applied(i) >= window {
+							time.Sleep(20 * time.Microsecond)
+						}
+						seq, err := pubs[i].PublishPayload(payloads[i][k%len(payloads[i])])
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						last = seq
+						published.Add(1)
+					}
+					for n > 0 && applied(i) < last {
+						time.Sleep(50 * time.Microsecond)
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			st := s.Stats()
+			if st.Gaps != 0 || st.DecodeErrors != 0 || st.QueueFull != 0 {
+				b.Fatalf("lossy run: %+v", st)
+			}
+			b.ReportMetric(float64(published.Load()*32*16)/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func newIngestSink() Sink { return index.New(index.Config{}) }
