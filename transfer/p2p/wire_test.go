@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -86,86 +87,168 @@ func handshake(t *testing.T, peer *rawPeer, c *Client) transfer.Session {
 	return r.s
 }
 
+// async runs f on another goroutine; its result comes back on the channel,
+// so raw-peer checks (which may fail the test) stay on the test goroutine.
+func async[T any](f func() (T, error)) <-chan result[T] {
+	ch := make(chan result[T], 1)
+	go func() {
+		v, err := f()
+		ch <- result[T]{v, err}
+	}()
+	return ch
+}
+
+type result[T any] struct {
+	v   T
+	err error
+}
+
+func await[T any](t *testing.T, ch <-chan result[T]) (T, error) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-time.After(5 * time.Second):
+		t.Fatal("call did not return")
+		panic("unreachable")
+	}
+}
+
 func TestClientMatchesAPeerWhoseIdentityDiffersFromTheDialedAddress(t *testing.T) {
 	// The producer names itself localhost:port; the client dialed 127.0.0.1:port.
 	peer := newRawPeer(t, "localhost")
 	c := newTestClient(t, 4, nil)
 	s := handshake(t, peer, c)
-	ctx := context.Background()
 
-	done := make(chan []bool, 1)
-	go func() {
-		hits, err := s.Lookup(ctx, []transfer.Key{testKey(1), testKey(2)})
-		require.NoError(t, err)
-		done <- hits
-	}()
+	call := async(func() ([]bool, error) { return s.Lookup(context.Background(), []transfer.Key{testKey(1), testKey(2)}) })
 	lk := peer.expect(TypeLookup)
 	require.Equal(t, [][]byte{testKey(1), testKey(2)}, lk.Keys)
 	require.Equal(t, uint64(0), lk.RoundSeq)
 	// A stale answer for another request is ignored.
 	peer.send(message{Type: TypeLookupResp, KVRequestID: "other", Keys: lk.Keys, Hits: []bool{false, false}})
 	peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true, false}})
-	require.Equal(t, []bool{true, false}, <-done)
+	hits, err := await(t, call)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, false}, hits)
 	require.Equal(t, uint64(1), c.Stats().Stale)
+}
+
+// lookupHit answers the client's next lookup with all hits.
+func lookupHit(t *testing.T, peer *rawPeer, s transfer.Session, keys ...transfer.Key) {
+	t.Helper()
+	call := async(func() ([]bool, error) { return s.Lookup(context.Background(), keys) })
+	lk := peer.expect(TypeLookup)
+	hits := make([]bool, len(lk.Keys))
+	for i := range hits {
+		hits[i] = true
+	}
+	peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: hits})
+	_, err := await(t, call)
+	require.NoError(t, err)
 }
 
 func TestClientAcceptsATransferDoneWithoutRoundSeq(t *testing.T) {
 	peer := newRawPeer(t, "127.0.0.1")
 	c := newTestClient(t, 4, nil)
 	s := handshake(t, peer, c)
-	ctx := context.Background()
-	go func() {
-		lk := peer.expect(TypeLookup)
-		peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true}})
-		f := peer.expect(TypeFetch)
-		require.Equal(t, []uint64{3}, f.BlockIndexes)
-		require.Equal(t, uint64(0), f.RoundSeq)
-		// A pre-round peer omits round_seq: it reads as 0.
-		b, err := (&message{Type: TypeTransferDone, KVRequestID: f.KVRequestID, Success: true}).encode()
-		require.NoError(t, err)
-		// Drop the trailing round_seq entry and shrink the map to three entries.
-		b = b[:len(b)-len("\xa9round_seq\x00")]
-		b[0] = 0x83
-		peer.sendRaw(b)
-	}()
-	_, err := s.Lookup(ctx, []transfer.Key{testKey(7)})
-	require.NoError(t, err)
-	st, err := s.Fetch(ctx, []transfer.Key{testKey(7)}, []int{3})
+	lookupHit(t, peer, s, testKey(7))
+	call := async(func() (transfer.Stats, error) {
+		return s.Fetch(context.Background(), []transfer.Key{testKey(7)}, []int{3})
+	})
+	f := peer.expect(TypeFetch)
+	require.Equal(t, []uint64{3}, f.BlockIndexes)
+	require.Equal(t, uint64(0), f.RoundSeq)
+	// A pre-round peer omits round_seq: it reads as 0.
+	peer.sendRaw(unhex(t, `
+		83 a4 74797065 ad 7472616e736665725f646f6e65
+		ad 6b765f726571756573745f6964 `+fmt.Sprintf("%02x %x", 0xa0+len(f.KVRequestID), f.KVRequestID)+`
+		a7 73756363657373 c3`))
+	st, err := await(t, call)
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Blocks)
+}
+
+func TestClientSendsTheNextRoundAfterAFetch(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	for round := range uint64(3) {
+		call := async(func() ([]bool, error) { return s.Lookup(context.Background(), []transfer.Key{testKey(1)}) })
+		lk := peer.expect(TypeLookup)
+		require.Equal(t, round, lk.RoundSeq)
+		peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true}})
+		_, err := await(t, call)
+		require.NoError(t, err)
+		fetch := async(func() (transfer.Stats, error) {
+			return s.Fetch(context.Background(), []transfer.Key{testKey(1)}, []int{0})
+		})
+		f := peer.expect(TypeFetch)
+		require.Equal(t, round, f.RoundSeq)
+		peer.send(message{Type: TypeTransferDone, KVRequestID: f.KVRequestID, Success: round != 1, RoundSeq: round})
+		_, err = await(t, fetch)
+		if round == 1 {
+			require.ErrorIs(t, err, transfer.ErrFetchFailed, "a hit the peer then failed")
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	// The empty fetch ends the request in the current round and expects no reply.
+	_, err := s.Fetch(context.Background(), nil, nil)
+	require.NoError(t, err)
+	end := peer.expect(TypeFetch)
+	require.Empty(t, end.Keys)
+	require.Empty(t, end.BlockIndexes)
+	require.Equal(t, uint64(3), end.RoundSeq)
 }
 
 func TestUnacknowledgedAbortLosesThePeer(t *testing.T) {
 	peer := newRawPeer(t, "127.0.0.1")
 	c := newTestClient(t, 4, nil)
 	s := handshake(t, peer, c)
-	go func() {
-		lk := peer.expect(TypeLookup)
-		peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true}})
-		peer.expect(TypeFetch)
-		a := peer.expect(TypeAbortFetch)
-		require.Equal(t, uint64(0), a.RoundSeq)
-	}()
-	_, err := s.Lookup(context.Background(), []transfer.Key{testKey(7)})
-	require.NoError(t, err)
+	lookupHit(t, peer, s, testKey(7))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err = s.Fetch(ctx, []transfer.Key{testKey(7)}, []int{0})
+	call := async(func() (transfer.Stats, error) { return s.Fetch(ctx, []transfer.Key{testKey(7)}, []int{0}) })
+	peer.expect(TypeFetch)
+	a := peer.expect(TypeAbortFetch)
+	require.Equal(t, uint64(0), a.RoundSeq)
+	_, err := await(t, call)
 	require.ErrorIs(t, err, transfer.ErrPeerLost)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	_, err = s.Lookup(context.Background(), []transfer.Key{testKey(7)})
 	require.ErrorIs(t, err, transfer.ErrPeerLost)
 }
 
+func TestLateTransferDoneAfterAbortIsStale(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	lookupHit(t, peer, s, testKey(7))
+	call := async(func() (transfer.Stats, error) {
+		return s.Fetch(context.Background(), []transfer.Key{testKey(7)}, []int{0})
+	})
+	f := peer.expect(TypeFetch)
+	abort := async(func() (struct{}, error) { return struct{}{}, s.Abort(context.Background()) })
+	a := peer.expect(TypeAbortFetch)
+	require.Equal(t, f.KVRequestID, a.KVRequestID)
+	// The transfer finished as the abort arrived: transfer_done, then abort_ack.
+	peer.send(message{Type: TypeTransferDone, KVRequestID: f.KVRequestID, Success: true, RoundSeq: 0})
+	peer.send(message{Type: TypeAbortAck, KVRequestID: a.KVRequestID, RoundSeq: a.RoundSeq})
+	_, err := await(t, abort)
+	require.NoError(t, err)
+	_, err = await(t, call)
+	require.ErrorIs(t, err, transfer.ErrAborted, "the abort was sent first: the round is aborted")
+	require.Equal(t, uint64(1), c.Stats().Stale, "the transfer_done was discarded")
+}
+
 func TestPeerDisconnectEndsTheSession(t *testing.T) {
 	peer := newRawPeer(t, "127.0.0.1")
 	c := newTestClient(t, 4, nil)
 	s := handshake(t, peer, c)
-	go func() {
-		peer.expect(TypeLookup)
-		peer.send(message{Type: TypeDisconnect})
-	}()
-	_, err := s.Lookup(context.Background(), []transfer.Key{testKey(7)})
+	call := async(func() ([]bool, error) { return s.Lookup(context.Background(), []transfer.Key{testKey(7)}) })
+	peer.expect(TypeLookup)
+	peer.send(message{Type: TypeDisconnect})
+	_, err := await(t, call)
 	require.ErrorIs(t, err, transfer.ErrPeerLost)
 }
 
@@ -173,15 +256,50 @@ func TestMalformedReplyEndsTheSession(t *testing.T) {
 	peer := newRawPeer(t, "127.0.0.1")
 	c := newTestClient(t, 4, nil)
 	s := handshake(t, peer, c)
-	go func() {
-		peer.expect(TypeLookup)
-		peer.sendRaw([]byte{0xc1})
-	}()
-	_, err := s.Lookup(context.Background(), []transfer.Key{testKey(7)})
+	call := async(func() ([]bool, error) { return s.Lookup(context.Background(), []transfer.Key{testKey(7)}) })
+	peer.expect(TypeLookup)
+	peer.sendRaw([]byte{0xc1})
+	_, err := await(t, call)
 	require.ErrorIs(t, err, transfer.ErrPeerLost)
 	require.ErrorIs(t, err, ErrMalformed)
 	require.Equal(t, uint64(1), c.Stats().Malformed)
 	require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
+}
+
+func TestLookupRespWithOtherKeysEndsTheSession(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	call := async(func() ([]bool, error) { return s.Lookup(context.Background(), []transfer.Key{testKey(7)}) })
+	lk := peer.expect(TypeLookup)
+	peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: [][]byte{testKey(8)}, Hits: []bool{true}})
+	_, err := await(t, call)
+	require.ErrorIs(t, err, ErrMalformed)
+	require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
+}
+
+func TestLookupTimeoutEndsTheRequest(t *testing.T) {
+	peer := newRawPeer(t, "127.0.0.1")
+	c := newTestClient(t, 4, nil)
+	s := handshake(t, peer, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := s.Lookup(ctx, []transfer.Key{testKey(7)})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	lk := peer.expect(TypeLookup)
+	end := peer.expect(TypeFetch)
+	require.Equal(t, lk.KVRequestID, end.KVRequestID, "the unanswered lookup's pins are released")
+	require.Empty(t, end.Keys)
+
+	// The late answer is stale: the next lookup is a new request.
+	peer.send(message{Type: TypeLookupResp, KVRequestID: lk.KVRequestID, Keys: lk.Keys, Hits: []bool{true}})
+	call := async(func() ([]bool, error) { return s.Lookup(context.Background(), []transfer.Key{testKey(7)}) })
+	next := peer.expect(TypeLookup)
+	require.NotEqual(t, lk.KVRequestID, next.KVRequestID)
+	peer.send(message{Type: TypeLookupResp, KVRequestID: next.KVRequestID, Keys: next.Keys, Hits: []bool{false}})
+	hits, err := await(t, call)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, hits)
 }
 
 // rawConsumer connects a raw peer to producer p as a consumer with
