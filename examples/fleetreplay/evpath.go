@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/index"
+)
+
+// eventPath carries the pods' cache changes to the router's index as a vLLM
+// fleet does: each pod's events.Publisher connects to the router's
+// events.Subscriber, bound on a free loopback port, with a replay socket of
+// its own; the subscriber applies the events to an index.Index.
+type eventPath struct {
+	idx     *index.Index
+	sub     *events.Subscriber
+	pubs    []*events.Publisher
+	pods    []*pod
+	sent    []uint64 // per pod: batches published
+	applied []uint64 // per pod: batches the subscriber has applied, as last seen
+	dirty   bool
+	timeout time.Duration
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+// freePort returns a loopback TCP port nothing listens on.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func loopback() (string, error) {
+	port, err := freePort()
+	if err != nil {
+		return "", fmt.Errorf("free loopback port: %w", err)
+	}
+	return fmt.Sprintf("tcp://127.0.0.1:%d", port), nil
+}
+
+func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
+	e.timeout = opt.syncTimeout
+	e.idx = index.New(index.Config{})
+	bind, err := loopback()
+	if err != nil {
+		return err
+	}
+	cfg := events.Config{Sink: e.idx, Bind: []string{bind}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if opt.hashCheck {
+		cfg.Hasher = f.rtr.h
+	}
+	if opt.logger != nil {
+		cfg.Logger = opt.logger
+	}
+	if e.sub, err = events.NewSubscriber(cfg); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	e.cancel, e.done = cancel, make(chan error, 1)
+	go func() { e.done <- e.sub.Run(rctx) }()
+	e.pods = f.pods
+	for _, p := range f.pods {
+		replay, err := loopback()
+		if err != nil {
+			e.close()
+			return err
+		}
+		pub, err := events.NewPublisher(events.PublisherConfig{
+			Endpoint: bind, ReplayEndpoint: replay,
+			Topic:  fmt.Sprintf("kv@%s@%s", p.name, f.model),
+			Layout: events.LayoutMap,
+		})
+		if err != nil {
+			e.close()
+			return err
+		}
+		e.pubs = append(e.pubs, pub)
+		if err := e.sub.AddPod(p.name, "", replay); err != nil {
+			e.close()
+			return err
+		}
+	}
+	e.sent = make([]uint64, len(f.pods))
+	e.applied = make([]uint64, len(f.pods))
+	return e.handshake(ctx)
+}
+
+// handshake publishes an empty batch from every pod until the subscriber has
+// seen one from each: a ZMQ subscription takes a moment to reach a
+// publisher, and what is published before it arrives is lost (the
+// subscriber would then recover it by replay).
+func (e *eventPath) handshake(ctx context.Context) error {
+	deadline := time.Now().Add(e.timeout)
+	var empty events.Batch
+	for {
+		for i, p := range e.pods {
+			if e.applied[i] == 0 {
+				if err := e.publish(p, &empty); err != nil {
+					return err
+				}
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+		e.poll()
+		waiting := 0
+		for i := range e.pods {
+			if e.applied[i] == 0 {
+				waiting++
+			}
+		}
+		if waiting == 0 {
+			return e.sync(ctx)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %d pods' events never reached the subscriber", errSync, waiting)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+func (e *eventPath) index() *index.Index { return e.idx }
+
+func (e *eventPath) publish(p *pod, b *events.Batch) error {
+	if _, err := e.pubs[p.idx].Publish(b); err != nil {
+		return err
+	}
+	e.sent[p.idx]++
+	e.dirty = true
+	return nil
+}
+
+// poll reads the subscriber's per-holder sequence numbers.
+func (e *eventPath) poll() {
+	for _, st := range e.sub.Status() {
+		for i, p := range e.pods {
+			if p.name == st.Pod && st.Rank == 0 && st.State == "live" {
+				e.applied[i] = max(e.applied[i], st.LastSeq+1)
+			}
+		}
+	}
+}
+
+// sync waits until the subscriber has applied every pod's last published
+// sequence number, so the next decision reads the index the events made.
+func (e *eventPath) sync(ctx context.Context) error {
+	if !e.dirty {
+		return nil
+	}
+	deadline := time.Now().Add(e.timeout)
+	for wait := 20 * time.Microsecond; ; wait = min(2*wait, time.Millisecond) {
+		e.poll()
+		behind := -1
+		for i := range e.pods {
+			if e.applied[i] < e.sent[i] {
+				behind = i
+				break
+			}
+		}
+		if behind < 0 {
+			e.dirty = false
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: pod %s published %d batches, %d applied after %v",
+				errSync, e.pods[behind].name, e.sent[behind], e.applied[behind], e.timeout)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(wait)
+	}
+}
+
+func (e *eventPath) close() {
+	for _, p := range e.pubs {
+		p.Close()
+	}
+	if e.cancel != nil {
+		e.cancel()
+		<-e.done
+	}
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// armResult is one arm of one scenario (at one offered rate).
+type armResult struct {
+	Scenario   string  `json:"scenario"`
+	Arm        string  `json:"arm"`
+	Rate       float64 `json:"rate"` // offered req/s; 0 for the burst
+	Requests   int     `json:"requests"`
+	P50        float64 `json:"p50_s"`
+	P90        float64 `json:"p90_s"`
+	P99        float64 `json:"p99_s"`
+	Mean       float64 `json:"mean_s"`
+	Throughput float64 `json:"throughput_rps"` // requests / (last first token - first arrival)
+	// Pull decisions the picker made; issued pulls are those the
+	// destination sent to the source (a destination skips one whose blocks
+	// are already landing there).
+	PullDecisions int   `json:"pull_decisions"`
+	PullsIssued   int   `json:"pulls_issued"`
+	PullsVerified int   `json:"pulls_verified"` // blocks moved equal blocks named, contents checked
+	PullsFailed   int   `json:"pulls_failed"`
+	BlocksPulled  int   `json:"blocks_pulled"`
+	BytesMoved    int64 `json:"bytes_moved"`
+	// Blocks of all requests by where they came from.
+	LocalBlocks    int            `json:"local_blocks"`
+	ComputedBlocks int            `json:"computed_blocks"`
+	Decisions      map[string]int `json:"decisions,omitempty"`
+	Transfer       string         `json:"transfer"`
+
+	ttft    []float64 // per request, in arrival order
+	arrival []float64
+	reqs    []*request
+}
+
+func (a *armResult) finish(reqs []*request) {
+	a.Requests = len(reqs)
+	a.reqs = reqs
+	a.ttft = make([]float64, len(reqs))
+	a.arrival = make([]float64, len(reqs))
+	first, last := math.Inf(1), math.Inf(-1)
+	sum := 0.0
+	for i, r := range reqs {
+		a.ttft[i] = r.ttft
+		a.arrival[i] = r.arrival
+		sum += r.ttft
+		first = min(first, r.arrival)
+		last = max(last, r.arrival+r.ttft)
+		a.LocalBlocks += r.localBlocks
+		a.ComputedBlocks += r.computedBlocks
+		a.BlocksPulled += r.pulledBlocks
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	a.Mean = sum / float64(len(reqs))
+	sorted := slices.Clone(a.ttft)
+	slices.Sort(sorted)
+	a.P50, a.P90, a.P99 = quantile(sorted, 0.5), quantile(sorted, 0.9), quantile(sorted, 0.99)
+	if last > first {
+		a.Throughput = float64(len(reqs)) / (last - first)
+	}
+}
+
+// quantile interpolates linearly between the order statistics of sorted
+// (numpy's default).
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	x := q * float64(len(sorted)-1)
+	i := int(x)
+	if i+1 >= len(sorted) {
+		return sorted[len(sorted)-1]
+	}
+	return sorted[i] + (x-float64(i))*(sorted[i+1]-sorted[i])
+}
+
+// scenarioResult is one scenario: its description and its arms.
+type scenarioResult struct {
+	Name  string       `json:"name"`
+	Title string       `json:"title"`
+	Setup string       `json:"setup"`
+	Arms  []*armResult `json:"arms"`
+	Plots []string     `json:"plots,omitempty"`
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// writeTable prints a scenario's table.
+func writeTable(w io.Writer, s *scenarioResult) {
+	fmt.Fprintf(w, "\n%s\n%s\n\n", s.Title, s.Setup)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "rate req/s\tarm\treqs\tp50 TTFT s\tp90 TTFT s\tp99 TTFT s\tthroughput req/s\tpulls issued\tpulls verified\tbytes moved\t")
+	for _, a := range s.Arms {
+		rate := "burst"
+		if a.Rate > 0 {
+			rate = fmt.Sprintf("%g", a.Rate)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t%d\t%s\t\n",
+			rate, a.Arm, a.Requests, a.P50, a.P90, a.P99, a.Throughput, a.PullsIssued, a.PullsVerified, humanBytes(a.BytesMoved))
+	}
+	tw.Flush()
+	for i := 0; i+1 < len(s.Arms); i += 2 {
+		off, on := s.Arms[i], s.Arms[i+1]
+		if off.P50 <= 0 || off.Throughput <= 0 {
+			continue
+		}
+		rate := ""
+		if off.Rate > 0 {
+			rate = fmt.Sprintf(" at %g req/s", off.Rate)
+		}
+		fmt.Fprintf(w, "  P2P%s: p50 %+.0f%%, p90 %+.0f%%, throughput %+.0f%%\n", rate,
+			100*(on.P50/off.P50-1), 100*(on.P90/off.P90-1), 100*(on.Throughput/off.Throughput-1))
+	}
+	if len(s.Plots) > 0 {
+		fmt.Fprintf(w, "  plots: %s\n", strings.Join(s.Plots, " "))
+	}
+}
+
+// writeJSON writes every scenario's table to path.
+func writeJSON(path string, ss []*scenarioResult) error {
+	b, err := json.MarshalIndent(struct {
+		Scenarios []*scenarioResult `json:"scenarios"`
+	}{ss}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// writeTrace writes every request of every arm as CSV: what the router
+// decided and what it cost.
+func writeTrace(path string, ss []*scenarioResult) error {
+	var b strings.Builder
+	b.WriteString("scenario,arm,rate,request,arrival_s,destination,decode,reason,source,local_blocks,pulled_blocks,computed_blocks,ttft_s\n")
+	for _, s := range ss {
+		for _, a := range s.Arms {
+			for _, r := range a.reqs {
+				dec := ""
+				if r.decode != nil {
+					dec = r.decode.name
+				}
+				fmt.Fprintf(&b, "%s,%s,%g,%s,%.4f,%s,%s,%s,%s,%d,%d,%d,%.4f\n", s.Name, a.Arm, a.Rate, r.name, r.arrival,
+					r.dest.name, dec, r.reason, r.source, r.localBlocks, r.pulledBlocks, r.computedBlocks, r.ttft)
+			}
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}

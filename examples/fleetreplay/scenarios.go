@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/kvsource/kvsource/hashing"
+)
+
+// options are everything the flags set.
+type options struct {
+	seed      uint64
+	hashing   hashing.Config
+	transport string
+	minDelta  int
+
+	// Fork burst.
+	forkBranches  int
+	forkPrefix    int
+	forkSuffixMin int
+	forkSuffixMax int
+	forkGap       float64
+	forkPrefill   int
+	forkDecode    int
+	forkSpillAt   int
+	forkGPU       int
+	forkCPU       int
+	forkCost      CostModel
+
+	// Load spill and the negative control.
+	pods         int
+	rates        []float64
+	duration     float64
+	prefixes     int
+	prefixTokens int
+	suffixMin    int
+	suffixMax    int
+	gpuBlocks    int
+	cpuBlocks    int
+	spillCost    CostModel
+	controlRate  float64
+	blockBytes   int
+	hashCheck    bool
+	scenarios    []string
+	outDir       string
+	jsonPath     string
+	tracePath    string
+	samePods     bool
+	cpuProfile   string
+	plots        bool
+	showProgress bool
+}
+
+func defaultOptions() options {
+	return options{
+		seed:      1,
+		transport: "fake",
+		minDelta:  256,
+
+		forkBranches:  43,
+		forkPrefix:    40960,
+		forkSuffixMin: 256,
+		forkSuffixMax: 1024,
+		forkGap:       0.1,
+		forkPrefill:   2,
+		forkDecode:    2,
+		forkSpillAt:   2,
+		forkGPU:       40000,
+		forkCPU:       120000,
+		forkCost:      glm753B,
+
+		pods:         4,
+		rates:        []float64{4, 8, 12, 16},
+		duration:     40,
+		prefixes:     64,
+		prefixTokens: 16384,
+		suffixMin:    1024,
+		suffixMax:    3072,
+		gpuBlocks:    12000,
+		cpuBlocks:    36000,
+		spillCost:    llama8B,
+		controlRate:  8,
+
+		blockBytes: 512,
+		hashCheck:  true,
+		scenarios:  []string{"fork", "spill", "control"},
+		outDir:     "out",
+		plots:      true,
+	}
+}
+
+// scenario is one experiment: how to build each arm's spec.
+type scenario struct {
+	name, title, setup string
+	rates              []float64 // one run pair per rate; {0} for a burst
+	spec               func(rate float64, p2p bool) *runSpec
+}
+
+func (o *options) scenarioList() ([]*scenario, error) {
+	var out []*scenario
+	for _, name := range o.scenarios {
+		switch strings.TrimSpace(name) {
+		case "fork":
+			out = append(out, o.forkScenario())
+		case "spill":
+			out = append(out, o.spillScenario())
+		case "control":
+			out = append(out, o.controlScenario())
+		default:
+			return nil, fmt.Errorf("unknown scenario %q (want fork, spill, control)", name)
+		}
+	}
+	return out, nil
+}
+
+func (o *options) forkScenario() *scenario {
+	prompts, reqs := forkBurst(o.seed, o.forkBranches, o.forkPrefix, o.forkSuffixMin, o.forkSuffixMax, o.forkGap)
+	session := prompts[0]
+	return &scenario{
+		name:  "fork-burst",
+		title: fmt.Sprintf("Fork burst: %d subagents fork over a shared %d-token prefix", o.forkBranches, o.forkPrefix),
+		setup: fmt.Sprintf("%d prefill + %d decode pods, %s placement (spill at %d in flight), cost model: %d-token prefill %.1f s alone, pull %.1f s; TTFT = branch start",
+			o.forkPrefill, o.forkDecode, placeSpill, o.forkSpillAt, o.forkPrefix, o.forkCost.Prefill(0, o.forkPrefix), o.forkCost.Pull(o.forkPrefix)),
+		rates: []float64{0},
+		spec: func(_ float64, p2p bool) *runSpec {
+			return &runSpec{
+				scenario: "fork-burst", p2p: p2p, place: placeSpill, spillAt: o.forkSpillAt,
+				prefill: o.forkPrefill, decode: o.forkDecode,
+				gpuBlocks: o.forkGPU, cpuBlocks: o.forkCPU, cost: o.forkCost, hashing: o.hashing, minDelta: o.minDelta,
+				reqs: cloneRequests(reqs),
+				// The parent session ran on the first prefill pod and
+				// the first decode pod: both hold its context.
+				warm: func(f *fleet) error {
+					var ps []*pod
+					if len(f.pods) > 0 {
+						ps = append(ps, f.pods[0])
+					}
+					if o.forkDecode > 0 {
+						ps = append(ps, f.pods[o.forkPrefill])
+					}
+					return f.warmPrompt(session, ps...)
+				},
+			}
+		},
+	}
+}
+
+func (o *options) loadSpec(name string, prefixes []*prompt, rate float64, p2p bool, place placement) *runSpec {
+	return &runSpec{
+		scenario: name, rate: rate, p2p: p2p, place: place, aggregated: o.pods,
+		gpuBlocks: o.gpuBlocks, cpuBlocks: o.cpuBlocks, cost: o.spillCost, hashing: o.hashing, minDelta: o.minDelta,
+		reqs: poissonLoad(o.seed, prefixes, rate, o.duration, o.suffixMin, o.suffixMax),
+		// Earlier traffic left prefix i on pod i mod pods.
+		warm: func(f *fleet) error {
+			for i, pr := range prefixes {
+				if err := f.warmPrompt(pr, f.pods[i%len(f.pods)]); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func (o *options) spillScenario() *scenario {
+	prefixes := sharedPrefixes(o.seed, o.prefixes, o.prefixTokens)
+	return &scenario{
+		name:  "load-spill",
+		title: fmt.Sprintf("Load spill: %d shared %d-token prefixes, %d aggregated pods, %s placement", o.prefixes, o.prefixTokens, o.pods, placeLoad),
+		setup: fmt.Sprintf("Poisson arrivals for %g s, %d-%d-token suffixes; cache per pod %d GPU + %d CPU blocks; cost model: %d-token prefill %.2f s alone, pull %.2f s",
+			o.duration, o.suffixMin, o.suffixMax, o.gpuBlocks, o.cpuBlocks, o.prefixTokens, o.spillCost.Prefill(0, o.prefixTokens), o.spillCost.Pull(o.prefixTokens)),
+		rates: o.rates,
+		spec: func(rate float64, p2p bool) *runSpec {
+			return o.loadSpec("load-spill", prefixes, rate, p2p, placeLoad)
+		},
+	}
+}
+
+func (o *options) controlScenario() *scenario {
+	prefixes := sharedPrefixes(o.seed, o.prefixes, o.prefixTokens)
+	return &scenario{
+		name:  "negative-control",
+		title: fmt.Sprintf("Negative control: the load-spill workload under %s placement", placeAffinity),
+		setup: "every request goes to the pod holding its prefix: local hits, so the picker must pull nothing",
+		rates: []float64{o.controlRate},
+		spec: func(rate float64, p2p bool) *runSpec {
+			return o.loadSpec("negative-control", prefixes, rate, p2p, placeAffinity)
+		},
+	}
+}
+
+func (o *options) validate() error {
+	if o.hashing.BlockSize < 1 {
+		return fmt.Errorf("--block-size must be at least 1")
+	}
+	for _, c := range []struct {
+		name string
+		m    CostModel
+	}{{"--fork-cost", o.forkCost}, {"--spill-cost", o.spillCost}} {
+		if err := c.m.validate(); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+	}
+	checks := []struct {
+		ok  bool
+		msg string
+	}{
+		{o.forkBranches > 0, "--fork-branches must be positive"},
+		{o.forkPrefix > 0 && o.prefixTokens > 0, "prefix lengths must be positive"},
+		{o.forkSuffixMin > 0 && o.forkSuffixMax >= o.forkSuffixMin, "--fork-suffix-min must be positive and at most --fork-suffix-max"},
+		{o.suffixMin > 0 && o.suffixMax >= o.suffixMin, "--suffix-min must be positive and at most --suffix-max"},
+		{o.forkGap > 0 && o.duration > 0 && o.controlRate > 0, "--fork-gap, --duration and --control-rate must be positive"},
+		{o.forkPrefill > 0 && o.forkDecode >= 0, "the fork burst needs a prefill pod"},
+		{o.forkSpillAt > 0, "--fork-spill-at must be positive"},
+		{o.pods > 0 && o.prefixes > 0, "--pods and --prefixes must be positive"},
+		{o.blockBytes >= 8, "--block-bytes must be at least 8"},
+		{len(o.rates) > 0, "--rates needs a rate"},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			return errors.New(c.msg)
+		}
+	}
+	// A tier must hold a few whole prompts, or requests evict their own
+	// blocks while they run.
+	bs := o.hashing.BlockSize
+	if need := 2 * (o.forkPrefix + o.forkSuffixMax) / bs; o.forkGPU < need || o.forkCPU < need {
+		return fmt.Errorf("fork burst caches must hold at least %d blocks (two prompts)", need)
+	}
+	if need := 2 * (o.prefixTokens + o.suffixMax) / bs; o.gpuBlocks < need || o.cpuBlocks < need {
+		return fmt.Errorf("--gpu-blocks and --cpu-blocks must be at least %d (two prompts)", need)
+	}
+	return nil
+}
+
+func cloneRequests(reqs []*request) []*request {
+	out := make([]*request, len(reqs))
+	for i, r := range reqs {
+		out[i] = &request{id: r.id, name: r.name, arrival: r.arrival, prefix: r.prefix, suffix: r.suffix}
+	}
+	return out
+}
+
+// replay runs every scenario, both arms at each rate, under the same
+// placement policy: the arm without P2P first, then the arm with P2P (with
+// samePods, on the very pods the first arm's router chose).
+func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResult, error) {
+	scs, err := o.scenarioList()
+	if err != nil {
+		return nil, err
+	}
+	type pair struct {
+		sc   *scenario
+		rate float64
+		off  *runSpec
+	}
+	var pairs []pair
+	total := 0
+	for _, sc := range scs {
+		for _, rate := range sc.rates {
+			off := sc.spec(rate, false)
+			pairs = append(pairs, pair{sc, rate, off})
+			total += 2 * len(off.reqs)
+		}
+	}
+	bar := newProgress(stderr, total, o.showProgress)
+	defer bar.finish()
+	opt := sdkOptions{transport: o.transport, blockBytes: o.blockBytes, hashCheck: o.hashCheck}
+	var out []*scenarioResult
+	var cur *scenarioResult
+	for _, pr := range pairs {
+		if cur == nil || cur.Name != pr.sc.name {
+			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup}
+			out = append(out, cur)
+		}
+		offRes, placed, err := runOne(ctx, pr.off, opt, bar)
+		if err != nil {
+			return nil, err
+		}
+		on := pr.sc.spec(pr.rate, true)
+		if o.samePods {
+			on.replay = placed
+		}
+		onRes, _, err := runOne(ctx, on, opt, bar)
+		if err != nil {
+			return nil, err
+		}
+		cur.Arms = append(cur.Arms, offRes, onRes)
+	}
+	return out, nil
+}
+
+func runOne(ctx context.Context, spec *runSpec, opt sdkOptions, bar *progress) (*armResult, []int, error) {
+	f, err := newFleet(ctx, spec, opt)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s %s: %w", spec.scenario, spec.arm(), err)
+	}
+	f.onDone = func() { bar.add(1) }
+	res, placed, err := f.run(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s %s: %w", spec.scenario, spec.arm(), err)
+	}
+	return res, placed, nil
+}
