@@ -62,7 +62,8 @@ var (
 	// ErrExtraKeys reports explicit per-block extra keys that do not cover
 	// every full block.
 	ErrExtraKeys = errors.New("hashing: extra keys missing for a full block")
-	// ErrMMItem reports a multimodal item with a negative offset or length.
+	// ErrMMItem reports a multimodal item with a negative offset or length,
+	// or one that Prefix.AddMM cannot add.
 	ErrMMItem = errors.New("hashing: invalid multimodal item")
 	// ErrExtraMode reports an operation that mixes explicit per-block extra
 	// keys with extra keys derived from LoRA, salt and multimodal items.
@@ -101,11 +102,12 @@ type Request struct {
 	// stably sorted in a copy.
 	MM []MMItem
 	// Extra, when non-nil, is the complete extra-keys tuple of each block
-	// (nil or empty meaning None: vLLM never hashes an empty tuple) and replaces the keys derived from LoRAName,
-	// CacheSalt and MM, which must then be empty. It is what a KV event's
-	// extra_keys carries, and how callers pass what the SDK does not model,
-	// such as the SHA-256 digests of prompt-embedding slices. It must cover
-	// every full block; entries past the last full block are ignored.
+	// (nil or empty meaning None: vLLM never hashes an empty tuple). It
+	// replaces the keys derived from LoRAName, CacheSalt and MM, which must
+	// then be empty. It is what a KV event's extra_keys carries, and how
+	// callers pass what the SDK does not model, such as the SHA-256 digests
+	// of prompt-embedding slices. It must cover every full block; entries
+	// past the last full block are ignored.
 	Extra [][]ExtraKey
 }
 
@@ -113,7 +115,7 @@ const sha256Size = sha256.Size
 
 // Digest is a block's full hash: 32 bytes for the SHA-256 algorithms, 16 for
 // the XXH3-128 ones, and the 8-byte big-endian value for SHA256CBOR64 and
-// Content. The zero Digest is empty.
+// Content. Digests compare with ==; the zero Digest is empty.
 type Digest struct {
 	n uint8
 	b [sha256Size]byte
@@ -191,21 +193,23 @@ type Hasher struct {
 	pool sync.Pool // *scratch
 }
 
+// encoding is how a block's value becomes bytes.
 type encoding uint8
-
-type hashFunc uint8
-
-const (
-	fnSHA256 hashFunc = iota
-	fnSHA256Low64
-	fnXXH3
-	fnXXH64
-)
 
 const (
 	encPickle encoding = iota
 	encCBOR
 	encContent
+)
+
+// hashFunc is how the bytes become a digest.
+type hashFunc uint8
+
+const (
+	fnSHA256      hashFunc = iota
+	fnSHA256Low64          // the low 64 bits, as the 8-byte digest
+	fnXXH3                 // XXH3-128
+	fnXXH64
 )
 
 // scratch is the per-call working memory, pooled so that hashing allocates
@@ -351,7 +355,7 @@ func (h *Hasher) BlockKeysFrom(dst []uint64, parent uint64, req Request) ([]uint
 // is parent, for any algorithm; req is as for BlockKeysFrom.
 func (h *Hasher) BlocksFrom(dst []Block, parent Digest, req Request) ([]Block, error) {
 	if parent.n != h.root.n {
-		return dst[:0], fmt.Errorf("hashing: parent digest of %d bytes, %s chains %d", parent.n, h.cfg.Algo, h.root.n)
+		return dst[:0], fmt.Errorf("%w: got %d bytes, %s chains digests of %d", ErrNeedDigest, parent.n, h.cfg.Algo, h.root.n)
 	}
 	req.CacheSalt = ""
 	return h.blocks(dst, chain{parent: parent}, req, true)
