@@ -35,7 +35,10 @@
 //     engine's blocks, which can cost a hit but never sends a pull for a
 //     block that is gone. GapKeep keeps them and reports the holder "stale".
 //   - A sequence number that goes backwards is an engine restart: the holder
-//     is cleared, then the batch applies.
+//     is cleared, then the batch applies. (A restarted engine whose first
+//     batches are all lost until its numbers pass the old ones looks like a
+//     gap, which GapClear also clears; one that resumes exactly at the
+//     expected number cannot be told from the old process.)
 //   - A holder seen for the first time starts wherever it joins (its empty
 //     view is a subset of the engine's); earlier batches are fetched from
 //     replay when possible. Config.InitialSeqs instead resumes a router

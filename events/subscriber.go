@@ -120,6 +120,9 @@ type Config struct {
 	MismatchLogInterval time.Duration
 	// RcvHWM is the SUB sockets' receive high-water mark; default 100,000.
 	RcvHWM int
+	// MaxMessageSize bounds a received message's frames in bytes (libzmq
+	// drops the connection of a peer sending more); default 64 MiB.
+	MaxMessageSize int64
 	// Logger receives the subscriber's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -247,6 +250,9 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	}
 	if cfg.RcvHWM <= 0 {
 		cfg.RcvHWM = 100000
+	}
+	if cfg.MaxMessageSize <= 0 {
+		cfg.MaxMessageSize = 64 << 20
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -445,6 +451,7 @@ func (s *Subscriber) newSub() (*zmq.Socket, error) {
 		return nil, fmt.Errorf("events: SUB socket: %w", err)
 	}
 	_ = sock.SetRcvhwm(s.cfg.RcvHWM)
+	_ = sock.SetMaxmsgsize(s.cfg.MaxMessageSize)
 	_ = sock.SetLinger(0)
 	if err := sock.SetSubscribe(s.cfg.TopicPrefix); err != nil {
 		sock.Close()

@@ -1,0 +1,111 @@
+package events
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
+)
+
+func TestBindsEndpointFollowsVLLM(t *testing.T) {
+	tests := map[string]bool{
+		"tcp://*:5557": true, "tcp://[::]:5557": true, "ipc:///tmp/kv": true, "inproc://kv": true,
+		"tcp://10.0.0.1:5557": false, "tcp://router:5557": false,
+	}
+	for ep, bind := range tests {
+		require.Equal(t, bind, BindsEndpoint(ep), ep)
+	}
+}
+
+// TestPublisherWireFormat checks the frames a plain ZMQ client sees: live
+// [topic, seq, payload] with seq from 0, and replay replies in both formats.
+func TestPublisherWireFormat(t *testing.T) {
+	for _, format := range []ReplayFormat{ReplayV26, ReplayV25} {
+		t.Run(format.String(), func(t *testing.T) {
+			t.Parallel()
+			port, rport := freePort(t), freePort(t)
+			p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@p@m",
+				ReplayFormat: format, BufferSteps: 3})
+			sub, err := zmq.NewSocket(zmq.SUB)
+			require.NoError(t, err)
+			defer sub.Close()
+			require.NoError(t, sub.SetSubscribe(""))
+			require.NoError(t, sub.Connect(localEP(port)))
+			require.NoError(t, sub.SetRcvtimeo(50*time.Millisecond))
+			// Publish until the subscription is up; remember the first seq seen.
+			var frames [][]byte
+			require.Eventually(t, func() bool {
+				_, err := p.Publish(&Batch{TS: 2, Events: []Event{{Type: EventAllBlocksCleared}}})
+				require.NoError(t, err)
+				frames, err = sub.RecvMessageBytes(0)
+				return err == nil
+			}, waitLong, time.Millisecond)
+			require.Len(t, frames, 3)
+			require.Equal(t, "kv@p@m", string(frames[0]))
+			require.Len(t, frames[1], 8)
+			var b Batch
+			require.NoError(t, NewDecoder().Decode(frames[2], &b))
+			require.Equal(t, EventAllBlocksCleared, b.Events[0].Type)
+			require.False(t, b.HasDPRank)
+
+			var last uint64
+			for range 3 {
+				last, err = p.Publish(&Batch{TS: 3})
+				require.NoError(t, err)
+			}
+			require.GreaterOrEqual(t, last, binary.BigEndian.Uint64(frames[1])+1)
+
+			dealer, err := zmq.NewSocket(zmq.DEALER)
+			require.NoError(t, err)
+			defer dealer.Close()
+			require.NoError(t, dealer.SetRcvtimeo(5*time.Second))
+			require.NoError(t, dealer.Connect(localEP(rport)))
+			start := make([]byte, 8)
+			binary.BigEndian.PutUint64(start, last-1) // within the 3 buffered
+			_, err = dealer.SendMessage("", start)
+			require.NoError(t, err)
+			var seqs []uint64
+			for {
+				reply, err := dealer.RecvMessageBytes(0)
+				require.NoError(t, err)
+				require.Empty(t, reply[0])
+				if format == ReplayV26 {
+					require.Len(t, reply, 4)
+				} else {
+					require.Len(t, reply, 3)
+				}
+				seq := reply[len(reply)-2]
+				if string(seq) == string(endSeq) {
+					require.Empty(t, reply[len(reply)-1])
+					if format == ReplayV26 {
+						require.Empty(t, reply[1])
+					}
+					break
+				}
+				if format == ReplayV26 {
+					require.Equal(t, "kv@p@m", string(reply[1]))
+				}
+				require.NoError(t, NewDecoder().Decode(reply[len(reply)-1], &b))
+				seqs = append(seqs, binary.BigEndian.Uint64(seq))
+			}
+			require.Equal(t, []uint64{last - 1, last}, seqs)
+
+			// A start before the buffer returns what is still buffered.
+			binary.BigEndian.PutUint64(start, 0)
+			_, err = dealer.SendMessage("", start)
+			require.NoError(t, err)
+			n := 0
+			for {
+				reply, err := dealer.RecvMessageBytes(0)
+				require.NoError(t, err)
+				if string(reply[len(reply)-2]) == string(endSeq) {
+					break
+				}
+				n++
+			}
+			require.Equal(t, 3, n)
+		})
+	}
+}
