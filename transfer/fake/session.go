@@ -15,7 +15,7 @@ type session struct {
 
 	// mu serialises Lookup, Fetch and the round bookkeeping of Abort.
 	mu   sync.Mutex
-	pins map[string]bool // hits of the current round's lookups
+	pins *keySet // hits of the current round's lookups
 
 	// st guards the fields below; Abort and Close take it while a Fetch
 	// holds mu.
@@ -81,7 +81,7 @@ func (s *session) Lookup(ctx context.Context, keys []transfer.Key) ([]bool, erro
 		if _, ok := s.p.blocks[string(k)]; ok && (f.Miss == nil || !f.Miss(k)) {
 			hits[i] = true
 			nhits++
-			s.pins[string(k)] = true
+			s.pins.add(k)
 			if f.EvictAfterLookup {
 				delete(s.p.blocks, string(k))
 			}
@@ -107,7 +107,7 @@ func (s *session) Fetch(ctx context.Context, keys []transfer.Key, blockIndexes [
 	}
 	if len(keys) == 0 {
 		// The request ends; the peer sends no reply, so no time is charged.
-		clear(s.pins)
+		s.pins.reset()
 		n.c.emptyFetches.Add(1)
 		return transfer.Stats{}, nil
 	}
@@ -127,7 +127,7 @@ func (s *session) Fetch(ctx context.Context, keys []transfer.Key, blockIndexes [
 	st, err := s.transfer(fctx, keys, blockIndexes)
 	// The round is closed whatever the outcome: vLLM's consumer moves to the
 	// next round after a fetch, and the producer's pins for it are spent.
-	clear(s.pins)
+	s.pins.reset()
 	if err != nil {
 		n.c.fetchErrors.Add(1)
 		return transfer.Stats{}, fmt.Errorf("fetch from %s: %w", s.p.name, err)
@@ -175,7 +175,7 @@ func (s *session) transfer(ctx context.Context, keys []transfer.Key, blockIndexe
 		return transfer.Stats{}, err
 	}
 	for i, k := range keys {
-		if !s.pins[string(k)] {
+		if !s.pins.has(k) {
 			return fail(fmt.Errorf("%w: key %d (%v) was not a hit of this round", transfer.ErrMissingKeys, i, k))
 		}
 		if !s.p.Holds(k) {
@@ -285,7 +285,7 @@ func (s *session) Abort(ctx context.Context) error {
 	if err := n.cfg.Sleep(ctx, n.cfg.Latency); err != nil {
 		return fmt.Errorf("abort at %s: %w", s.p.name, err)
 	}
-	clear(s.pins)
+	s.pins.reset()
 	n.c.aborts.Add(1)
 	return nil
 }
