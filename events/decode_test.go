@@ -235,6 +235,11 @@ func FuzzDecode(f *testing.F) {
 				require.GreaterOrEqual(t, len(e.TokenIDs), len(e.BlockHashes)*e.BlockSize)
 			}
 			require.NotEmpty(t, e.Medium)
+			for _, raw := range e.ExtraKeys {
+				if _, err := ExtraKeys(raw); err != nil {
+					require.ErrorIs(t, err, ErrMalformed)
+				}
+			}
 		}
 	})
 }

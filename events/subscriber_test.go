@@ -415,3 +415,50 @@ func TestFullQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
 	require.NotZero(t, st.Replays)
 	require.Zero(t, st.Unrecovered)
 }
+
+func TestBindAndConnectModesRunTogether(t *testing.T) {
+	t.Parallel()
+	bport, cport := freePort(t), freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(bport)}})
+	viaBind := newPublisher(t, PublisherConfig{Endpoint: localEP(bport), Topic: "kv@engine-a@m"})
+	viaConnect := newPublisher(t, PublisherConfig{Endpoint: anyEP(cport), Topic: "kv@ignored@m"})
+	require.NoError(t, s.AddPod("engine-b", localEP(cport), ""))
+	warmUp(t, viaBind, s, 0)
+	warmUp(t, viaConnect, s, 0)
+	publish(t, viaBind, stored(0, nil, 1))
+	publish(t, viaConnect, stored(0, nil, 2))
+	requireKeys(t, sink, "m", index.Holder{Pod: "engine-a"}, "GPU", 1)
+	requireKeys(t, sink, "m", index.Holder{Pod: "engine-b"}, "GPU", 2)
+	require.Empty(t, sink.keys("m", index.Holder{Pod: "ignored"}, "GPU"), "in connect mode the pod is AddPod's")
+}
+
+func TestGapBeyondTheReplayBufferClearsThenAppliesWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	port, rport := freePort(t), freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink})
+	var dropFrom atomic.Int64
+	dropFrom.Store(-1)
+	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m", BufferSteps: 3,
+		Drop: func(seq uint64) bool { f := dropFrom.Load(); return f >= 0 && int64(seq) >= f && int64(seq) < f+5 }})
+	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+	warmUp(t, p, s, 0)
+	h := index.Holder{Pod: "pod"}
+	seq, err := p.Publish(&Batch{TS: 1, HasDPRank: true})
+	require.NoError(t, err)
+	publish(t, p, stored(0, nil, 1))
+	requireKeys(t, sink, "m", h, "GPU", 1)
+	dropFrom.Store(int64(seq + 2))
+	// seq+2..seq+6 are lost; the buffer keeps only seq+5..seq+7.
+	for k := range uint64(6) {
+		publish(t, p, stored(0, nil, 10+k))
+	}
+	requireKeys(t, sink, "m", h, "GPU", 13, 14, 15)
+	st := statusOf(s, h)
+	require.Equal(t, uint64(1), st.Gaps)
+	require.Equal(t, uint64(1), st.Unrecovered)
+	require.Equal(t, 1, sink.clearCount(h))
+	require.Equal(t, "live", st.State)
+	require.Equal(t, seq+7, st.LastSeq)
+}
