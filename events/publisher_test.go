@@ -109,3 +109,22 @@ func TestPublisherWireFormat(t *testing.T) {
 		})
 	}
 }
+
+func TestReplayEndpointOfARankFollowsVLLMsPortRule(t *testing.T) {
+	tests := []struct {
+		src  source
+		rank int
+		want string
+	}{
+		{source{replay: "tcp://10.0.0.1:5558", perRank: true}, 0, "tcp://10.0.0.1:5558"},
+		{source{replay: "tcp://10.0.0.1:5558", perRank: true}, 3, "tcp://10.0.0.1:5561"},
+		{source{replay: "tcp://[fd00::1]:5558", perRank: true}, 1, "tcp://[fd00::1]:5559"},
+		{source{replay: "ipc:///tmp/replay", perRank: true}, 2, "ipc:///tmp/replay_dp2"},
+		// A connect-mode endpoint is already the rank's own.
+		{source{replay: "tcp://10.0.0.1:5558"}, 3, "tcp://10.0.0.1:5558"},
+		{source{perRank: true}, 1, ""},
+	}
+	for _, tc := range tests {
+		require.Equal(t, tc.want, replayFor(&tc.src, tc.rank), "%+v rank %d", tc.src, tc.rank)
+	}
+}

@@ -462,3 +462,41 @@ func TestGapBeyondTheReplayBufferClearsThenAppliesWhatIsLeft(t *testing.T) {
 	require.Equal(t, "live", st.State)
 	require.Equal(t, seq+7, st.LastSeq)
 }
+
+// freePortPair returns a port p with p+1 also free.
+func freePortPair(t testing.TB) int {
+	t.Helper()
+	for range 50 {
+		p := freePort(t)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatal("no two consecutive free ports")
+	return 0
+}
+
+func TestBindModeReplaysEachRankFromItsOwnPort(t *testing.T) {
+	t.Parallel()
+	port, rport := freePort(t), freePortPair(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
+	require.NoError(t, s.AddPod("pod", "", localEP(rport)))
+	var drop atomic.Int64
+	drop.Store(-1)
+	r0 := newPublisher(t, PublisherConfig{Endpoint: localEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@pod@m"})
+	r1 := newPublisher(t, PublisherConfig{Endpoint: localEP(port), ReplayEndpoint: localEP(rport + 1), Topic: "kv@pod@m",
+		Drop: func(seq uint64) bool { return int64(seq) == drop.Load() }})
+	warmUp(t, r0, s, 0)
+	warmUp(t, r1, s, 1)
+	seq, err := r1.Publish(&Batch{TS: 1, DPRank: 1, HasDPRank: true})
+	require.NoError(t, err)
+	drop.Store(int64(seq + 1))
+	publish(t, r1, stored(1, nil, 5), stored(1, nil, 6))
+	publish(t, r0, stored(0, nil, 1))
+	h1 := index.Holder{Pod: "pod", Rank: 1}
+	requireKeys(t, sink, "m", h1, "GPU", 5, 6)
+	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", 1)
+	require.Zero(t, statusOf(s, h1).Unrecovered)
+}
