@@ -368,14 +368,11 @@ func TestPickWithCostModelDecidesByPredictedSaving(t *testing.T) {
 	// about 556 tokens on, i.e. 35 blocks of 16.
 	m := &Model{Recompute: Quadratic{A: 10, B: 0.1}, Pull: Linear{Floor: 60, PerToken: 0.01}}
 	keys := seqKeys(100)
-	idx := fleet(keys, holding{peerA, index.TierCPU, 0, 100})
-	p := newPicker(t, idx, Config{Cost: m})
 	for _, tc := range []struct {
 		cached int
 		reason Reason
 	}{{0, ReasonPull}, {60, ReasonPull}, {66, ReasonBelowThreshold}, {90, ReasonBelowThreshold}} {
-		idx := fleet(keys, holding{peerA, index.TierCPU, 0, 100}, holding{dst, index.TierGPU, 0, tc.cached})
-		p.idx = idx
+		p := newPicker(t, fleet(keys, holding{peerA, index.TierCPU, 0, 100}, holding{dst, index.TierGPU, 0, tc.cached}), Config{Cost: m})
 		d, err := p.Pick(Request{ID: "x", Model: model, Keys: keys, Destination: dst})
 		require.NoError(t, err)
 		require.Equal(t, tc.reason, d.Reason, "cached %d", tc.cached)
