@@ -247,7 +247,7 @@ func (d *Decoder) arrayLen(what string, nilOK bool, limit int) (int, error) {
 		return 0, err
 	}
 	if c == msgpcode.Nil && nilOK {
-		_ = d.md.Skip()
+		d.r.i++
 		return -1, nil
 	}
 	if !isArray(c) {

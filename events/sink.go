@@ -3,8 +3,9 @@ package events
 import "github.com/kvsource/kvsource/index"
 
 // Sink is how events drive the index; a custom backend or a test recorder
-// can take its place. Called from ONE goroutine per holder (your worker),
-// holders in parallel.
+// can take its place. A Subscriber calls it for each holder from one
+// goroutine at a time (the holder's worker), for different holders in
+// parallel. *index.Index implements it.
 //
 // Tiers are upper-case ("GPU", "CPU"); an event without a medium is "GPU".
 // ClearHolder with tier "" clears every tier of the holder.

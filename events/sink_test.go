@@ -8,6 +8,8 @@ import (
 	"github.com/kvsource/kvsource/index"
 )
 
+var _ Sink = (*index.Index)(nil)
+
 // recSink is a brute-force model of the index: the set of keys each
 // (model, holder, tier) holds, plus a log of clears.
 type recSink struct {

@@ -137,7 +137,7 @@ type Stats struct {
 	UnknownEvents  uint64 // events of unknown type, skipped
 	DecodeErrors   uint64 // malformed payloads, dropped
 	Gaps           uint64 // forward sequence jumps
-	Replays        uint64 // replay requests that returned an end marker
+	Replays        uint64 // replay requests answered in full (gaps, resyncs, joins)
 	ReplayErrors   uint64 // replay requests that failed or timed out
 	Replayed       uint64 // batches applied from replay
 	Unrecovered    uint64 // gaps replay did not close; the GapPolicy applied
@@ -151,10 +151,12 @@ type Stats struct {
 
 // HolderStatus is the state of one holder's event stream.
 type HolderStatus struct {
-	Pod            string `json:"pod"`
-	Model          string `json:"model"`
-	Rank           int    `json:"dp_rank"`
-	LastSeq        uint64 `json:"last_seq"`
+	Pod     string `json:"pod"`
+	Model   string `json:"model"`
+	Rank    int    `json:"dp_rank"`
+	LastSeq uint64 `json:"last_seq"`
+	// Gaps counts forward sequence jumps, Replays replay requests answered
+	// in full, Unrecovered the lost ranges the GapPolicy handled.
 	Gaps           uint64 `json:"gaps"`
 	Replays        uint64 `json:"replays"`
 	Unrecovered    uint64 `json:"unrecovered"`
@@ -306,8 +308,8 @@ func (s *Subscriber) AddPod(pod, endpoint, replayEndpoint string) error {
 }
 
 // RemovePod disconnects every endpoint added for pod and forgets its replay
-// endpoint. The pod's index entries stay; the caller clears them if the pod
-// is gone for good.
+// endpoint. The pod's index entries and its holders' status stay; a caller
+// whose pod is gone for good removes it from the index (RemoveHolder).
 func (s *Subscriber) RemovePod(pod string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
