@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/picker"
+)
+
+func init() {
+	commands["serve"] = command{summary: "run events, index and picker as an HTTP JSON serveService", run: runServe}
+}
+
+// servePodEndpoint is one --events-connect value.
+type servePodEndpoint struct {
+	Pod, Endpoint, Replay string
+}
+
+// serveConfig is everything kvsource serve is configured with.
+type serveConfig struct {
+	EventsBind          []string
+	EventsConnect       []servePodEndpoint
+	HTTP                string
+	Algo                string
+	Seed                string
+	BlockSize           int
+	MinCachedTokenDelta int
+	P2PPort             int
+	InflightTTL         time.Duration
+	ShutdownTimeout     time.Duration
+}
+
+type serveStringList []string
+
+func (l *serveStringList) String() string     { return strings.Join(*l, ",") }
+func (l *serveStringList) Set(v string) error { *l = append(*l, v); return nil }
+
+type serveConnectList []servePodEndpoint
+
+func (l *serveConnectList) String() string { return fmt.Sprint(*l) }
+
+func (l *serveConnectList) Set(v string) error {
+	pe, err := serveParsePodEndpoint(v)
+	if err != nil {
+		return err
+	}
+	*l = append(*l, pe)
+	return nil
+}
+
+// serveParsePodEndpoint parses POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT].
+func serveParsePodEndpoint(v string) (servePodEndpoint, error) {
+	pod, rest, ok := strings.Cut(v, "=")
+	if !ok || pod == "" || rest == "" {
+		return servePodEndpoint{}, fmt.Errorf("want POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT], got %q", v)
+	}
+	parts := strings.Split(rest, ",")
+	pe := servePodEndpoint{Pod: pod, Endpoint: parts[0]}
+	for _, p := range parts[1:] {
+		k, val, ok := strings.Cut(p, "=")
+		if !ok || k != "replay" || val == "" {
+			return servePodEndpoint{}, fmt.Errorf("unknown option %q in %q (want replay=tcp://HOST:PORT)", p, v)
+		}
+		pe.Replay = val
+	}
+	return pe, nil
+}
+
+func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
+	cfg := serveConfig{}
+	fs := flag.NewFlagSet("kvsource serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var bind serveStringList
+	var connect serveConnectList
+	fs.Var(&bind, "events-bind", "bind a SUB socket engines connect to, e.g. tcp://*:5557 (repeatable)")
+	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT] (repeatable)")
+	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "HTTP listen address")
+	fs.StringVar(&cfg.Algo, "algo", string(hashing.SHA256), "the engines' --prefix-caching-hash-algo")
+	fs.StringVar(&cfg.Seed, "seed", "", "the engines' PYTHONHASHSEED (default vLLM's, required for xxhash algorithms)")
+	fs.IntVar(&cfg.BlockSize, "block-size", hashing.DefaultBlockSize, "the engines' --block-size")
+	fs.IntVar(&cfg.MinCachedTokenDelta, "min-cached-token-delta", picker.DefaultMinCachedTokenDelta, "smallest gain, in tokens, worth a pull")
+	fs.IntVar(&cfg.P2PPort, "p2p-port", picker.DefaultP2PPort, "the engines' base P2P port (VLLM_P2P_SIDE_CHANNEL_PORT); rank r listens on it plus r")
+	fs.DurationVar(&cfg.InflightTTL, "inflight-ttl", picker.DefaultInflightTTL, "how long a pull counts against its source")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
+		fmt.Fprintln(stderr, "                      [--http 127.0.0.1:8080] [--algo A] [--seed S] [--block-size N]")
+		fmt.Fprintln(stderr, "                      [--min-cached-token-delta N]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if cfg.MinCachedTokenDelta < 1 {
+		return cfg, fmt.Errorf("--min-cached-token-delta must be at least 1, got %d", cfg.MinCachedTokenDelta)
+	}
+	cfg.EventsBind, cfg.EventsConnect = bind, connect
+	return cfg, nil
+}
+
+func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	cfg, err := parseServeFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvsource serve: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	s, err := newServeService(cfg, log)
+	if err != nil {
+		log.Error("kvsource serve: start-up failed", "err", err)
+		return 1
+	}
+	if err := s.Start(ctx); err != nil {
+		log.Error("kvsource serve: start-up failed", "err", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "kvsource serve: listening on http://%s\n", s.Addr())
+	<-ctx.Done()
+	stop()
+	log.Info("kvsource serve: shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := s.Shutdown(sctx); err != nil {
+		log.Error("kvsource serve: shutdown", "err", err)
+		return 1
+	}
+	return 0
+}

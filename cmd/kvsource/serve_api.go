@@ -1,0 +1,145 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/picker"
+)
+
+// serveMaxBody bounds a request body: a 1M-token prompt as JSON is about 8 MB.
+const serveMaxBody = 16 << 20
+
+type serveMMItemJSON struct {
+	ID     string `json:"id"`
+	Offset int    `json:"offset"`
+	Length int    `json:"length"`
+}
+
+// servePromptJSON is what determines a prompt's block keys.
+type servePromptJSON struct {
+	Model     string            `json:"model"`
+	Tokens    []uint32          `json:"tokens"`
+	LoRAName  string            `json:"lora_name"`
+	CacheSalt string            `json:"cache_salt"`
+	MMItems   []serveMMItemJSON `json:"mm_items"`
+}
+
+func (p *servePromptJSON) request() (hashing.Request, error) {
+	if p.Model == "" {
+		return hashing.Request{}, errors.New(`"model" is required`)
+	}
+	if p.Tokens == nil {
+		return hashing.Request{}, errors.New(`"tokens" is required`)
+	}
+	r := hashing.Request{Tokens: p.Tokens, LoRAName: p.LoRAName, CacheSalt: p.CacheSalt}
+	for _, m := range p.MMItems {
+		r.MM = append(r.MM, hashing.MMItem{ID: m.ID, Offset: m.Offset, Length: m.Length})
+	}
+	return r, nil
+}
+
+type serveScoreRequest struct {
+	servePromptJSON
+	Pods []string `json:"pods"`
+}
+
+type servePodScore struct {
+	Pod           string         `json:"pod"`
+	DPRank        int            `json:"dp_rank"`
+	MatchedBlocks int            `json:"matched_blocks"`
+	Tiers         map[string]int `json:"tiers"`
+	Score         float64        `json:"score"`
+}
+
+type serveScoreResponse struct {
+	Model  string          `json:"model"`
+	Blocks int             `json:"blocks"`
+	Pods   []servePodScore `json:"pods"`
+}
+
+type serveCandidateJSON struct {
+	Pod     string  `json:"pod"`
+	DPRank  *int    `json:"dp_rank"`
+	Waiting int     `json:"waiting"`
+	Load    float64 `json:"load"`
+}
+
+type servePickRequest struct {
+	servePromptJSON
+	RequestID           string               `json:"request_id"`
+	Destination         string               `json:"destination"`
+	DestinationDPRank   int                  `json:"destination_dp_rank"`
+	Candidates          []serveCandidateJSON `json:"candidates"`
+	MinCachedTokenDelta *int                 `json:"min_cached_token_delta"`
+}
+
+type servePickResponse struct {
+	Destination             string                  `json:"destination"`
+	DestinationDPRank       int                     `json:"destination_dp_rank"`
+	Source                  *string                 `json:"source"`
+	SourceDPRank            *int                    `json:"source_dp_rank,omitempty"`
+	Reason                  picker.Reason           `json:"reason"`
+	Blocks                  int                     `json:"blocks"`
+	BlockSize               int                     `json:"block_size"`
+	DestinationCachedBlocks int                     `json:"destination_cached_blocks"`
+	SourceBlocks            int                     `json:"source_blocks"`
+	BestSourceBlocks        int                     `json:"best_source_blocks"`
+	RecomputeBlocks         int                     `json:"recompute_blocks"`
+	MissingBlocks           []string                `json:"missing_blocks"`
+	Header                  map[string]string       `json:"header"`
+	KVTransferParams        picker.KVTransferParams `json:"kv_transfer_params"`
+}
+
+type serveErrorJSON struct {
+	Error string `json:"error"`
+}
+
+// serveBadRequest is an error the client caused.
+type serveBadRequest struct{ err error }
+
+func (b serveBadRequest) Error() string { return b.err.Error() }
+func (b serveBadRequest) Unwrap() error { return b.err }
+
+func serveDecodeJSON(r *http.Request, v any) error {
+	if r.Method != http.MethodPost {
+		return serveBadRequest{fmt.Errorf("method %s not allowed, use POST", r.Method)}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, serveMaxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return serveBadRequest{fmt.Errorf("decoding request: %w", err)}
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return serveBadRequest{errors.New("decoding request: trailing data after the JSON object")}
+	}
+	return nil
+}
+
+func serveWriteJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func serveTiersJSON(tp []index.TierPrefix) map[string]int {
+	m := map[string]int{index.TierGPU: 0, index.TierCPU: 0}
+	for _, t := range tp {
+		m[t.Tier] = t.Blocks
+	}
+	return m
+}
+
+func serveKeysJSON(keys []uint64) []string {
+	s := make([]string, len(keys))
+	for i, k := range keys {
+		s[i] = strconv.FormatUint(k, 10)
+	}
+	return s
+}

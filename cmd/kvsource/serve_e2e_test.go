@@ -1,0 +1,355 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+)
+
+const servePython = "/usr/bin/python3"
+
+// serveHoldings is the reference model of the end-to-end test: which
+// blocks (by position in the prompt) each holder holds in each tier.
+type serveHoldings map[index.Holder]map[string]map[int]bool
+
+func (h serveHoldings) set(hd index.Holder, tier string, from, to int, held bool) {
+	if h[hd] == nil {
+		h[hd] = map[string]map[int]bool{}
+	}
+	if h[hd][tier] == nil {
+		h[hd][tier] = map[int]bool{}
+	}
+	for i := from; i < to; i++ {
+		if held {
+			h[hd][tier][i] = true
+		} else {
+			delete(h[hd][tier], i)
+		}
+	}
+}
+
+func (h serveHoldings) holds(hd index.Holder, tiers []string, i int) bool {
+	for _, t := range tiers {
+		if h[hd][t][i] {
+			return true
+		}
+	}
+	return false
+}
+
+func (h serveHoldings) run(hd index.Holder, tiers []string, from, n int) int {
+	i := from
+	for i < n && h.holds(hd, tiers, i) {
+		i++
+	}
+	return i - from
+}
+
+var serveBothTiers = []string{index.TierGPU, index.TierCPU}
+
+// score is the reference weighted score: each block of the any-tier prefix
+// weighs 1.0 if GPU's own prefix covers it, else 0.8.
+func (h serveHoldings) score(hd index.Holder, n int) float64 {
+	p, gpu := h.run(hd, serveBothTiers, 0, n), h.run(hd, []string{index.TierGPU}, 0, n)
+	return float64(min(gpu, p)) + 0.8*float64(p-min(gpu, p))
+}
+
+// pyPublisher is one run of the shared vLLM publisher model.
+type pyPublisher struct {
+	args    []string
+	batches []map[string]any
+}
+
+func (p pyPublisher) start(t *testing.T, ctx context.Context) *exec.Cmd {
+	t.Helper()
+	var in bytes.Buffer
+	for _, b := range p.batches {
+		line, err := json.Marshal(b)
+		require.NoError(t, err)
+		in.Write(append(line, '\n'))
+	}
+	script := serveRepoRoot(t) + "/../shared/interop/vllm_publisher.py"
+	cmd := exec.CommandContext(ctx, servePython, append([]string{script}, p.args...)...)
+	cmd.Stdin = &in
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("publisher %v output:\n%s", p.args, out.String())
+		}
+	})
+	return cmd
+}
+
+func pyStoredEvent(keys []uint64, tokens []uint32, from, to int, tier, lora string) map[string]any {
+	var parent any
+	if from > 0 {
+		parent = keys[from-1]
+	}
+	return map[string]any{"type": "BlockStored", "block_hashes": keys[from:to], "parent_block_hash": parent,
+		"token_ids": tokens[from*16 : to*16], "block_size": 16, "medium": tier, "lora_name": lora}
+}
+
+func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
+	if err := exec.Command(servePython, "-c", "import zmq, msgpack").Run(); err != nil {
+		t.Skipf("%s lacks python3-zmq or python3-msgpack (%v)", servePython, err)
+	}
+	const model, lora = "org/llama-3@v1", "sql-adapter"
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 20*16+5)
+	for i := range tokens {
+		tokens[i] = uint32(1000 + i*31%5000)
+	}
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens, LoRAName: lora})
+	require.NoError(t, err)
+	n := len(keys)
+	require.Equal(t, 20, n)
+
+	podA := index.Holder{Pod: "10.0.0.1:8000"}
+	podB := index.Holder{Pod: "10.0.0.2:8000"}
+	podC := index.Holder{Pod: "10.0.0.3:8000", Rank: 1}
+	want := serveHoldings{}
+	want.set(podA, index.TierGPU, 0, 6, true)
+	want.set(podA, index.TierCPU, 0, 6, true)
+	want.set(podB, index.TierGPU, 0, 20, true)
+	want.set(podB, index.TierCPU, 0, 15, true)
+	want.set(podB, index.TierGPU, 18, 20, false)
+	want.set(podC, index.TierGPU, 0, 3, true)
+	want.set(podC, index.TierCPU, 0, 12, true)
+
+	portA, portB, replayB, bindPort := serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t)
+	_, base := startServe(t,
+		"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
+		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d", podA.Pod, portA),
+		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", podB.Pod, portB, replayB),
+	)
+
+	batch := func(rank int, evs ...map[string]any) map[string]any {
+		return map[string]any{"events": evs, "dp_rank": rank, "ts": 1.5}
+	}
+	topic := func(pod string) string { return "kv@" + pod + "@" + model }
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pubs := []pyPublisher{
+		// Pod A binds its PUB socket; the service connects (llm-d's pod
+		// discovery mode).
+		{[]string{"--endpoint", fmt.Sprintf("tcp://*:%d", portA), "--topic", topic(podA.Pod), "--warmup", "1", "--linger", "0.3"},
+			[]map[string]any{
+				batch(0, pyStoredEvent(keys, tokens, 0, 6, "GPU", lora)),
+				batch(0, pyStoredEvent(keys, tokens, 0, 6, "CPU", lora)),
+			}},
+		// Pod B too, in the older array layout, and its offload batch is
+		// lost live: the service must notice the gap and replay it.
+		{[]string{"--endpoint", fmt.Sprintf("tcp://*:%d", portB), "--topic", topic(podB.Pod), "--layout", "array",
+			"--replay", fmt.Sprintf("tcp://*:%d", replayB), "--drop-seq", "1", "--warmup", "1", "--linger", "2"},
+			[]map[string]any{
+				batch(0, pyStoredEvent(keys, tokens, 0, 20, "GPU", lora)),
+				batch(0, pyStoredEvent(keys, tokens, 0, 15, "CPU", lora)),
+				batch(0, map[string]any{"type": "BlockRemoved", "block_hashes": keys[18:20], "medium": "GPU"}),
+			}},
+		// Pod C (data-parallel rank 1) connects to the service's bind socket.
+		{[]string{"--endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), "--topic", topic(podC.Pod), "--warmup", "1", "--linger", "0.3"},
+			[]map[string]any{
+				batch(1, pyStoredEvent(keys, tokens, 0, 3, "GPU", lora)),
+				batch(1, pyStoredEvent(keys, tokens, 0, 3, "CPU", lora), pyStoredEvent(keys, tokens, 3, 12, "CPU", lora)),
+			}},
+	}
+	var cmds []*exec.Cmd
+	for _, p := range pubs {
+		cmds = append(cmds, p.start(t, ctx))
+	}
+
+	// Wait until every holder's blocks match the reference.
+	var pods []servePodJSON
+	require.Eventually(t, func() bool {
+		code, body := serveCall(t, "GET", base+"/v1/pods", nil)
+		var resp struct{ Pods []servePodJSON }
+		if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 3 {
+			return false
+		}
+		for _, p := range resp.Pods {
+			hd := index.Holder{Pod: p.Pod, Rank: p.DPRank}
+			if p.Blocks[index.TierGPU] != len(want[hd][index.TierGPU]) || p.Blocks[index.TierCPU] != len(want[hd][index.TierCPU]) {
+				return false
+			}
+		}
+		pods = resp.Pods
+		return true
+	}, 15*time.Second, 50*time.Millisecond, "index never matched the published events")
+	for _, c := range cmds {
+		require.NoError(t, c.Wait())
+	}
+	for _, p := range pods {
+		require.Equal(t, model, p.Model)
+		require.Equal(t, "live", p.State, p.Pod)
+		require.Zero(t, p.DecodeErrors, p.Pod)
+		require.Zero(t, p.HashMismatches, p.Pod, "the service hashes as the engines do")
+	}
+	require.Equal(t, []string{podA.Pod, podB.Pod, podC.Pod}, []string{pods[0].Pod, pods[1].Pod, pods[2].Pod})
+	require.Equal(t, []uint64{1, 2, 1}, []uint64{pods[0].LastSeq, pods[1].LastSeq, pods[2].LastSeq})
+	require.Equal(t, 1, pods[2].DPRank)
+	require.Equal(t, uint64(1), pods[1].Gaps)
+	require.GreaterOrEqual(t, pods[1].Replays, uint64(1))
+
+	// Scores, against the reference.
+	code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens, "lora_name": lora})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	var score serveScoreResponse
+	require.NoError(t, json.Unmarshal(body, &score))
+	require.Equal(t, model, score.Model)
+	require.Equal(t, n, score.Blocks)
+	holders := []index.Holder{podA, podB, podC}
+	slices.SortFunc(holders, func(a, b index.Holder) int {
+		return int(1000*want.score(b, n)) - int(1000*want.score(a, n))
+	})
+	require.Len(t, score.Pods, 3)
+	for i, hd := range holders {
+		got := score.Pods[i]
+		require.Equal(t, hd, index.Holder{Pod: got.Pod, Rank: got.DPRank}, "rank %d", i)
+		require.Equal(t, want.run(hd, serveBothTiers, 0, n), got.MatchedBlocks)
+		require.Equal(t, want.run(hd, []string{"GPU"}, 0, n), got.Tiers["GPU"])
+		require.Equal(t, want.run(hd, []string{"CPU"}, 0, n), got.Tiers["CPU"])
+		require.InDelta(t, want.score(hd, n), got.Score, 1e-9)
+	}
+	// Without the LoRA the prompt hashes differently: nobody matches.
+	_, body = serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens, "pods": []string{podA.Pod}})
+	require.NoError(t, json.Unmarshal(body, &score))
+	require.Equal(t, []servePodScore{{Pod: podA.Pod, Tiers: map[string]int{"GPU": 0, "CPU": 0}}}, score.Pods)
+
+	// Picks, against the reference decision.
+	pick := func(req map[string]any) servePickResponse {
+		t.Helper()
+		req["model"], req["lora_name"] = model, lora
+		if req["tokens"] == nil {
+			req["tokens"] = tokens
+		}
+		code, body := serveCall(t, "POST", base+"/v1/pick", req)
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		var resp servePickResponse
+		require.NoError(t, json.Unmarshal(body, &resp), "%s", body)
+		return resp
+	}
+	expect := func(dest index.Holder, sources []index.Holder, threshold int) (reason string, l, best int, band []index.Holder) {
+		l = want.run(dest, serveBothTiers, 0, n)
+		if l == n {
+			return "local_hit", l, 0, nil
+		}
+		gains := map[index.Holder]int{}
+		for _, s := range sources {
+			if s != dest {
+				gains[s] = want.run(s, []string{"CPU"}, l, n)
+				best = max(best, gains[s])
+			}
+		}
+		switch {
+		case best == 0 && l == 0:
+			return "no_holder", l, 0, nil
+		case best == 0:
+			return "self", l, 0, nil
+		}
+		for s, g := range gains {
+			if g >= best-1 && g*16 >= threshold {
+				band = append(band, s)
+			}
+		}
+		if len(band) == 0 {
+			return "below_threshold", l, best, nil
+		}
+		return "pull", l, best, band
+	}
+	all := []index.Holder{podA, podB, podC}
+	newcomer := index.Holder{Pod: "10.0.0.9:8000"}
+	cases := []struct {
+		name      string
+		req       map[string]any
+		dest      index.Holder
+		sources   []index.Holder
+		threshold int
+	}{
+		{"locality broken: pull from the longest CPU run", map[string]any{"request_id": "req-1", "destination": podA.Pod}, podA, all, 1},
+		{"destination with the longest prefix", map[string]any{"request_id": "req-2", "destination": podB.Pod}, podB, all, 1},
+		{"candidate without rank stands for its ranks", map[string]any{"request_id": "req-3", "destination": newcomer.Pod,
+			"candidates": []map[string]any{{"pod": podC.Pod, "waiting": 3}}}, newcomer, []index.Holder{podC}, 1},
+		{"gain below the request's threshold", map[string]any{"request_id": "req-4", "destination": podA.Pod, "min_cached_token_delta": 1000}, podA, all, 1000},
+		{"rank given explicitly", map[string]any{"request_id": "req-5", "destination": podA.Pod,
+			"candidates": []map[string]any{{"pod": podC.Pod, "dp_rank": 1}, {"pod": podB.Pod, "dp_rank": 0, "waiting": 10}}}, podA, []index.Holder{podB, podC}, 1},
+	}
+	reasons := map[string]int{}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := pick(tc.req)
+			reason, l, best, band := expect(tc.dest, tc.sources, tc.threshold)
+			reasons[reason]++
+			require.Equal(t, reason, string(got.Reason))
+			require.Equal(t, tc.dest.Pod, got.Destination)
+			require.Equal(t, l, got.DestinationCachedBlocks)
+			require.Equal(t, n, got.Blocks)
+			require.Equal(t, 16, got.BlockSize)
+			if reason != "pull" {
+				require.Nil(t, got.Source)
+				require.Empty(t, got.Header)
+				require.Empty(t, got.MissingBlocks)
+				require.Nil(t, got.KVTransferParams.RemoteKVSource)
+				require.Equal(t, n-l, got.RecomputeBlocks)
+				require.Equal(t, best, got.BestSourceBlocks)
+				return
+			}
+			require.NotNil(t, got.Source)
+			src := index.Holder{Pod: *got.Source, Rank: *got.SourceDPRank}
+			require.Contains(t, band, src)
+			g := want.run(src, []string{"CPU"}, l, n)
+			require.Equal(t, g, got.SourceBlocks)
+			require.Equal(t, n-l-g, got.RecomputeBlocks)
+			var missing []string
+			for _, k := range keys[l : l+g] {
+				missing = append(missing, strconv.FormatUint(k, 10))
+			}
+			require.Equal(t, missing, got.MissingBlocks)
+			require.Equal(t, map[string]string{"x-kv-cache-source-host-port": src.Pod}, got.Header)
+			rks := got.KVTransferParams.RemoteKVSource
+			require.NotNil(t, rks)
+			require.Equal(t, strings.Split(src.Pod, ":")[0], rks.RemoteHost)
+			require.Equal(t, 5710+src.Rank, rks.RemotePort)
+			require.Equal(t, tc.req["request_id"], rks.KVRequestID)
+		})
+	}
+	require.Equal(t, map[string]int{"pull": 3, "self": 1, "below_threshold": 1}, reasons, "the cases cover these reasons")
+
+	short := pick(map[string]any{"destination": podA.Pod, "tokens": tokens[:10]})
+	require.Equal(t, "no_holder", string(short.Reason))
+
+	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+	for _, line := range []string{
+		`kvsource_pick_decisions_total{reason="pull"} 3`,
+		`kvsource_pick_decisions_total{reason="self"} 1`,
+		`kvsource_pick_decisions_total{reason="below_threshold"} 1`,
+		`kvsource_pick_decisions_total{reason="no_holder"} 1`,
+		`kvsource_events_gaps_total 1`,
+		`kvsource_events_hash_mismatches_total 0`,
+		`kvsource_events_decode_errors_total 0`,
+		`kvsource_holders{state="live"} 3`,
+		`kvsource_index_holders 3`,
+		`kvsource_http_requests_total{code="200",path="/v1/pick"} 6`,
+	} {
+		require.Contains(t, string(metrics), line+"\n")
+	}
+}

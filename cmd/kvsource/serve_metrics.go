@@ -1,0 +1,94 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/index"
+)
+
+func (s *serveService) initMetrics() {
+	s.reg = prometheus.NewRegistry()
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvsource_http_requests_total", Help: "HTTP requests by path and status code.",
+	}, []string{"path", "code"})
+	s.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvsource_pick_decisions_total", Help: "Pick decisions by reason.",
+	}, []string{"reason"})
+	s.pulled = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvsource_pick_pulled_blocks_total", Help: "Blocks that pick decisions told destinations to pull.",
+	})
+	s.reg.MustRegister(s.requests, s.decisions, s.pulled, &serveStatsCollector{s: s},
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+}
+
+// serveStatsCollector exports the subscriber's and the index's counters as they
+// are at scrape time.
+type serveStatsCollector struct{ s *serveService }
+
+type serveStatDesc struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(events.Stats, index.Stats) float64
+}
+
+func serveCounter(name, help string, f func(events.Stats, index.Stats) float64) serveStatDesc {
+	return serveStatDesc{prometheus.NewDesc(name, help, nil, nil), prometheus.CounterValue, f}
+}
+
+func serveGauge(name, help string, f func(events.Stats, index.Stats) float64) serveStatDesc {
+	return serveStatDesc{prometheus.NewDesc(name, help, nil, nil), prometheus.GaugeValue, f}
+}
+
+var serveStatDescs = []serveStatDesc{
+	serveCounter("kvsource_events_messages_total", "Event messages received.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Messages) }),
+	serveCounter("kvsource_events_bad_messages_total", "Messages dropped for a wrong frame count, sequence frame or topic.", func(e events.Stats, _ index.Stats) float64 { return float64(e.BadMessages) }),
+	serveCounter("kvsource_events_batches_total", "Event batches applied, live and replayed.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Batches) }),
+	serveCounter("kvsource_events_events_total", "Events applied.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Events) }),
+	serveCounter("kvsource_events_blocks_total", "Blocks in applied BlockStored and BlockRemoved events.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Blocks) }),
+	serveCounter("kvsource_events_unknown_events_total", "Events of unknown type, skipped.", func(e events.Stats, _ index.Stats) float64 { return float64(e.UnknownEvents) }),
+	serveCounter("kvsource_events_decode_errors_total", "Malformed payloads, dropped.", func(e events.Stats, _ index.Stats) float64 { return float64(e.DecodeErrors) }),
+	serveCounter("kvsource_events_gaps_total", "Forward sequence jumps.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Gaps) }),
+	serveCounter("kvsource_events_replays_total", "Replay requests answered.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Replays) }),
+	serveCounter("kvsource_events_replay_errors_total", "Replay requests that failed or timed out.", func(e events.Stats, _ index.Stats) float64 { return float64(e.ReplayErrors) }),
+	serveCounter("kvsource_events_replayed_batches_total", "Batches applied from replay.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Replayed) }),
+	serveCounter("kvsource_events_unrecovered_gaps_total", "Gaps replay did not close.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Unrecovered) }),
+	serveCounter("kvsource_events_restarts_total", "Engine restarts (sequences going backwards).", func(e events.Stats, _ index.Stats) float64 { return float64(e.Restarts) }),
+	serveCounter("kvsource_events_duplicates_total", "Live batches dropped as already applied from replay.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Duplicates) }),
+	serveCounter("kvsource_events_queue_full_total", "Messages dropped because a worker queue was full.", func(e events.Stats, _ index.Stats) float64 { return float64(e.QueueFull) }),
+	serveCounter("kvsource_events_hash_checks_total", "Hash agreement checks run.", func(e events.Stats, _ index.Stats) float64 { return float64(e.HashChecks) }),
+	serveCounter("kvsource_events_hash_mismatches_total", "Hash agreement checks that failed: engine and serveService hash differently.", func(e events.Stats, _ index.Stats) float64 { return float64(e.HashMismatches) }),
+	serveCounter("kvsource_events_unresolved_blocks_total", "Content-key mode: blocks whose content key was unknown.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Unresolved) }),
+	serveGauge("kvsource_index_models", "Models with at least one holder.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Models) }),
+	serveGauge("kvsource_index_holders", "(model, holder) pairs in the index.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Holders) }),
+	serveGauge("kvsource_index_holdings", "(block, tier) holdings in the index.", func(_ events.Stats, i index.Stats) float64 { return float64(i.HolderBlocks) }),
+	serveCounter("kvsource_index_stored_blocks_total", "Blocks stored.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Stored) }),
+	serveCounter("kvsource_index_removed_blocks_total", "Holdings removed.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Removed) }),
+	serveCounter("kvsource_index_cleared_blocks_total", "Holdings cleared with their holder.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Cleared) }),
+	serveCounter("kvsource_index_evicted_capacity_total", "Holdings evicted past a holder's capacity.", func(_ events.Stats, i index.Stats) float64 { return float64(i.EvictedCapacity) }),
+	serveCounter("kvsource_index_evicted_budget_total", "Holdings evicted past the index's budget.", func(_ events.Stats, i index.Stats) float64 { return float64(i.EvictedBudget) }),
+	serveCounter("kvsource_index_rejected_tier_total", "Stores dropped for an empty tier or too many tiers.", func(_ events.Stats, i index.Stats) float64 { return float64(i.RejectedTier) }),
+}
+
+var serveHolderStateDesc = prometheus.NewDesc("kvsource_holders", "Holders by event-stream state (live or stale).", []string{"state"}, nil)
+
+func (c *serveStatsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range serveStatDescs {
+		ch <- d.desc
+	}
+	ch <- serveHolderStateDesc
+}
+
+func (c *serveStatsCollector) Collect(ch chan<- prometheus.Metric) {
+	es, is := c.s.sub.Stats(), c.s.idx.Stats()
+	for _, d := range serveStatDescs {
+		ch <- prometheus.MustNewConstMetric(d.desc, d.kind, d.value(es, is))
+	}
+	states := map[string]int{"live": 0, "stale": 0}
+	for _, st := range c.s.sub.Status() {
+		states[st.State]++
+	}
+	for state, n := range states {
+		ch <- prometheus.MustNewConstMetric(serveHolderStateDesc, prometheus.GaugeValue, float64(n), state)
+	}
+}

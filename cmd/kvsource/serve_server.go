@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/picker"
+)
+
+// serveService is kvsource serve: a subscriber feeding an index, a picker reading
+// it, and the HTTP API. Tests start it in-process on 127.0.0.1:0.
+type serveService struct {
+	cfg    serveConfig
+	log    *slog.Logger
+	hasher *hashing.Hasher
+	idx    *index.Index
+	sub    *events.Subscriber
+	pk     *picker.Picker
+
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	decisions *prometheus.CounterVec
+	pulled    prometheus.Counter
+
+	http     *http.Server
+	ln       net.Listener
+	stopSub  context.CancelFunc
+	subDone  chan error
+	shutdown sync.Once
+}
+
+func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
+	h, err := hashing.New(hashing.Config{Algo: hashing.Algo(cfg.Algo), Seed: cfg.Seed, BlockSize: cfg.BlockSize})
+	if err != nil {
+		return nil, err
+	}
+	s := &serveService{cfg: cfg, log: log, hasher: h}
+	s.idx = index.New(index.Config{Logger: log})
+	s.sub, err = events.NewSubscriber(events.Config{
+		Sink: s.idx, Bind: cfg.EventsBind, Hasher: h, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, pe := range cfg.EventsConnect {
+		if err := s.sub.AddPod(pe.Pod, pe.Endpoint, pe.Replay); err != nil {
+			return nil, fmt.Errorf("--events-connect %s: %w", pe.Pod, err)
+		}
+	}
+	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 {
+		log.Warn("kvsource serve: no --events-bind or --events-connect: the index changes only by snapshot")
+	}
+	s.pk, err = picker.New(picker.Config{
+		Index: s.idx, Hasher: h, MinCachedTokenDelta: cfg.MinCachedTokenDelta,
+		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.initMetrics()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/score", s.instrument("/v1/score", s.handleScore))
+	mux.HandleFunc("/v1/pick", s.instrument("/v1/pick", s.handlePick))
+	mux.HandleFunc("/v1/pods", s.instrument("/v1/pods", s.handlePods))
+	mux.HandleFunc("/healthz", s.instrument("/healthz", func(w http.ResponseWriter, _ *http.Request) error {
+		serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		return nil
+	}))
+	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return s, nil
+}
+
+// Start listens on the configured address and starts receiving events.
+func (s *serveService) Start(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.HTTP)
+	if err != nil {
+		return err
+	}
+	s.ln = ln
+	subCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.stopSub = cancel
+	s.subDone = make(chan error, 1)
+	go func() { s.subDone <- s.sub.Run(subCtx) }()
+	go func() {
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("kvsource serve: http", "err", err)
+		}
+	}()
+	s.log.Info("kvsource serve: started", "http", ln.Addr().String(), "bind", s.cfg.EventsBind,
+		"connect", len(s.cfg.EventsConnect), "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
+	return nil
+}
+
+// Addr returns the address the HTTP API listens on.
+func (s *serveService) Addr() string { return s.ln.Addr().String() }
+
+// Shutdown stops accepting requests, waits for those in flight and stops
+// the subscriber.
+func (s *serveService) Shutdown(ctx context.Context) error {
+	var err error
+	s.shutdown.Do(func() {
+		err = s.http.Shutdown(ctx)
+		s.stopSub()
+		if serr := <-s.subDone; serr != nil && !errors.Is(serr, context.Canceled) {
+			err = errors.Join(err, fmt.Errorf("events: %w", serr))
+		}
+	})
+	return err
+}
+
+// instrument counts requests by path and status and turns handler errors
+// into JSON error responses: 400 for the client's mistakes, 500 otherwise.
+func (s *serveService) instrument(path string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rec := &serveStatusRecorder{ResponseWriter: w, code: http.StatusOK}
+		if err := h(rec, r); err != nil {
+			code := http.StatusInternalServerError
+			var br serveBadRequest
+			if errors.As(err, &br) {
+				code = http.StatusBadRequest
+				s.log.Info("kvsource serve: bad request", "path", path, "remote", r.RemoteAddr, "err", err)
+			} else {
+				s.log.Error("kvsource serve: request failed", "path", path, "remote", r.RemoteAddr, "err", err)
+			}
+			serveWriteJSON(rec, code, serveErrorJSON{Error: err.Error()})
+		}
+		s.requests.WithLabelValues(path, strconv.Itoa(rec.code)).Inc()
+	}
+}
+
+type serveStatusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *serveStatusRecorder) WriteHeader(code int) {
+	r.code = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (s *serveService) handleScore(w http.ResponseWriter, r *http.Request) error {
+	var req serveScoreRequest
+	if err := serveDecodeJSON(r, &req); err != nil {
+		return err
+	}
+	prompt, err := req.request()
+	if err != nil {
+		return serveBadRequest{err}
+	}
+	scores, err := s.pk.Score(picker.Request{Model: req.Model, Prompt: prompt}, nil)
+	if err != nil {
+		return servePickerError(err)
+	}
+	resp := serveScoreResponse{Model: req.Model, Blocks: len(req.Tokens) / s.pk.BlockSize(), Pods: []servePodScore{}}
+	want := map[string]bool{}
+	for _, p := range req.Pods {
+		want[p] = true
+	}
+	seen := map[string]bool{}
+	for _, sc := range scores {
+		if len(want) > 0 && !want[sc.Holder.Pod] {
+			continue
+		}
+		seen[sc.Holder.Pod] = true
+		resp.Pods = append(resp.Pods, servePodScore{Pod: sc.Holder.Pod, DPRank: sc.Holder.Rank,
+			MatchedBlocks: sc.Blocks, Tiers: serveTiersJSON(sc.Tiers), Score: sc.Score})
+	}
+	// Every pod asked about gets an answer, zero when it holds nothing.
+	for _, p := range req.Pods {
+		if !seen[p] {
+			seen[p] = true
+			resp.Pods = append(resp.Pods, servePodScore{Pod: p, Tiers: serveTiersJSON(nil)})
+		}
+	}
+	serveWriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error {
+	var req servePickRequest
+	if err := serveDecodeJSON(r, &req); err != nil {
+		return err
+	}
+	prompt, err := req.request()
+	if err != nil {
+		return serveBadRequest{err}
+	}
+	if req.Destination == "" {
+		return serveBadRequest{errors.New(`"destination" is required`)}
+	}
+	preq := picker.Request{ID: req.RequestID, Model: req.Model, Prompt: prompt,
+		Destination: index.Holder{Pod: req.Destination, Rank: req.DestinationDPRank}}
+	if req.MinCachedTokenDelta != nil {
+		if *req.MinCachedTokenDelta < 1 {
+			return serveBadRequest{fmt.Errorf(`"min_cached_token_delta" must be at least 1, got %d`, *req.MinCachedTokenDelta)}
+		}
+		preq.MinCachedTokenDelta = *req.MinCachedTokenDelta
+	}
+	if preq.Candidates, err = s.candidates(req.Model, req.Candidates); err != nil {
+		return err
+	}
+	d, err := s.pk.Pick(preq)
+	if err != nil {
+		return servePickerError(err)
+	}
+	s.decisions.WithLabelValues(string(d.Reason)).Inc()
+	s.pulled.Add(float64(d.Gain))
+	resp := servePickResponse{
+		Destination: d.Destination.Pod, DestinationDPRank: d.Destination.Rank, Reason: d.Reason,
+		Blocks: d.Blocks, BlockSize: d.BlockSize, DestinationCachedBlocks: d.Cached,
+		SourceBlocks: d.Gain, BestSourceBlocks: d.Best, RecomputeBlocks: d.Recompute,
+		MissingBlocks: serveKeysJSON(d.Missing), Header: map[string]string{},
+		KVTransferParams: d.KVTransferParams(req.RequestID),
+	}
+	if d.Reason == picker.ReasonPull {
+		resp.Source, resp.SourceDPRank = &d.Source.Pod, &d.Source.Rank
+		name, value := d.Header()
+		resp.Header[name] = value
+	}
+	serveWriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+// candidates converts the request's candidates; one without a dp_rank
+// stands for every rank of its pod the serveService has seen.
+func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]picker.Candidate, error) {
+	var ranks map[string][]int
+	var out []picker.Candidate
+	for _, c := range in {
+		if c.Pod == "" {
+			return nil, serveBadRequest{errors.New(`candidate without "pod"`)}
+		}
+		if c.Waiting < 0 || c.Load < 0 {
+			return nil, serveBadRequest{fmt.Errorf("candidate %s: negative load", c.Pod)}
+		}
+		if c.DPRank != nil {
+			out = append(out, picker.Candidate{Holder: index.Holder{Pod: c.Pod, Rank: *c.DPRank}, Waiting: c.Waiting, Load: c.Load})
+			continue
+		}
+		if ranks == nil {
+			ranks = map[string][]int{}
+			for _, st := range s.sub.Status() {
+				if st.Model == model {
+					ranks[st.Pod] = append(ranks[st.Pod], st.Rank)
+				}
+			}
+		}
+		rs := ranks[c.Pod]
+		if len(rs) == 0 {
+			rs = []int{0}
+		}
+		for _, rank := range rs {
+			out = append(out, picker.Candidate{Holder: index.Holder{Pod: c.Pod, Rank: rank}, Waiting: c.Waiting, Load: c.Load})
+		}
+	}
+	return out, nil
+}
+
+func servePickerError(err error) error {
+	if errors.Is(err, picker.ErrHash) || errors.Is(err, picker.ErrNoDestination) {
+		return serveBadRequest{err}
+	}
+	return err
+}
+
+type servePodJSON struct {
+	Pod            string         `json:"pod"`
+	Model          string         `json:"model"`
+	DPRank         int            `json:"dp_rank"`
+	Blocks         map[string]int `json:"blocks"`
+	LastSeq        uint64         `json:"last_seq"`
+	Gaps           uint64         `json:"gaps"`
+	Replays        uint64         `json:"replays"`
+	DecodeErrors   uint64         `json:"decode_errors"`
+	HashMismatches uint64         `json:"hash_mismatches"`
+	State          string         `json:"state"`
+}
+
+func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return serveBadRequest{fmt.Errorf("method %s not allowed, use GET", r.Method)}
+	}
+	pods := []servePodJSON{}
+	for _, st := range s.sub.Status() {
+		blocks := map[string]int{index.TierGPU: 0, index.TierCPU: 0}
+		for t, n := range s.idx.HolderBlocks(st.Model, st.Holder()) {
+			blocks[t] = n
+		}
+		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: blocks,
+			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
+			HashMismatches: st.HashMismatches, State: st.State})
+	}
+	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods})
+	return nil
+}

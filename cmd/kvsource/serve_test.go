@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// serveRepoRoot returns the directory holding go.mod, above the test's.
+func serveRepoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, parent, dir, "no go.mod above the test directory")
+		dir = parent
+	}
+}
+
+func serveFreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startServe runs the service in-process on 127.0.0.1:0 until the test ends
+// and returns it with its base URL.
+func startServe(t *testing.T, args ...string) (*serveService, string) {
+	t.Helper()
+	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0"}, args...), io.Discard)
+	require.NoError(t, err)
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := newServeService(cfg, log)
+	require.NoError(t, err)
+	require.NoError(t, s.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, s.Shutdown(ctx))
+	})
+	return s, "http://" + s.Addr()
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func serveCall(t *testing.T, method, url string, body any) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		r = strings.NewReader(b)
+	default:
+		buf, err := json.Marshal(b)
+		require.NoError(t, err)
+		r = bytes.NewReader(buf)
+	}
+	req, err := http.NewRequest(method, url, r)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, out
+}
+
+func TestServeParsesFlags(t *testing.T) {
+	cfg, err := parseServeFlags([]string{
+		"--events-bind", "tcp://*:5557", "--events-bind", "tcp://127.0.0.1:5558",
+		"--events-connect", "10.0.0.1:8000=tcp://10.0.0.1:5557",
+		"--events-connect", "10.0.0.2:8000=tcp://10.0.0.2:5557,replay=tcp://10.0.0.2:5558",
+		"--algo", "xxhash", "--seed", "42", "--block-size", "64", "--min-cached-token-delta", "2048",
+		"--http", ":9000",
+	}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, []string{"tcp://*:5557", "tcp://127.0.0.1:5558"}, cfg.EventsBind)
+	require.Equal(t, []servePodEndpoint{
+		{Pod: "10.0.0.1:8000", Endpoint: "tcp://10.0.0.1:5557"},
+		{Pod: "10.0.0.2:8000", Endpoint: "tcp://10.0.0.2:5557", Replay: "tcp://10.0.0.2:5558"},
+	}, cfg.EventsConnect)
+	require.Equal(t, "xxhash", cfg.Algo)
+	require.Equal(t, "42", cfg.Seed)
+	require.Equal(t, 64, cfg.BlockSize)
+	require.Equal(t, 2048, cfg.MinCachedTokenDelta)
+	require.Equal(t, ":9000", cfg.HTTP)
+
+	for _, bad := range [][]string{
+		{"--events-connect", "tcp://10.0.0.1:5557"},
+		{"--events-connect", "pod=tcp://h:1,relay=tcp://h:2"},
+		{"--events-connect", "pod="},
+		{"--min-cached-token-delta", "0"},
+		{"--block-size", "x"},
+		{"stray"},
+	} {
+		_, err := parseServeFlags(bad, io.Discard)
+		require.Error(t, err, "%q", bad)
+	}
+	var stderr bytes.Buffer
+	require.Equal(t, 2, runServe([]string{"--events-connect", "nope"}, nil, io.Discard, &stderr))
+	require.Contains(t, stderr.String(), "POD=tcp://HOST:PORT")
+	require.Equal(t, 1, runServe([]string{"--algo", "md5", "--http", "127.0.0.1:0"}, nil, io.Discard, io.Discard))
+}
+
+func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
+	_, base := startServe(t)
+	cases := []struct {
+		name, method, path string
+		body               any
+		want               string
+	}{
+		{"invalid JSON", "POST", "/v1/pick", `{"model":`, "decoding request"},
+		{"unknown field", "POST", "/v1/score", `{"model":"m","tokens":[1],"prompt":"hi"}`, "unknown field"},
+		{"trailing data", "POST", "/v1/score", `{"model":"m","tokens":[1]} {}`, "trailing data"},
+		{"missing model", "POST", "/v1/score", `{"tokens":[1,2]}`, `"model" is required`},
+		{"missing tokens", "POST", "/v1/pick", `{"model":"m","destination":"p:1"}`, `"tokens" is required`},
+		{"negative token", "POST", "/v1/score", `{"model":"m","tokens":[-1]}`, "decoding request"},
+		{"missing destination", "POST", "/v1/pick", `{"model":"m","tokens":[1]}`, `"destination" is required`},
+		{"zero threshold", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","min_cached_token_delta":0}`, "at least 1"},
+		{"negative waiting", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":"q:1","waiting":-2}]}`, "negative load"},
+		{"candidate without pod", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"waiting":1}]}`, "without \"pod\""},
+		{"bad multimodal item", "POST", "/v1/score", `{"model":"m","tokens":[1,2,3],"mm_items":[{"id":"img","offset":-4,"length":2}]}`, "hashing"},
+		{"GET on pick", "GET", "/v1/pick", nil, "use POST"},
+		{"POST on pods", "POST", "/v1/pods", `{}`, "use GET"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := serveCall(t, tc.method, base+tc.path, tc.body)
+			require.Equal(t, http.StatusBadRequest, code, "%s", body)
+			var e serveErrorJSON
+			require.NoError(t, json.Unmarshal(body, &e), "%s", body)
+			require.Contains(t, e.Error, tc.want)
+		})
+	}
+	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 7`)
+	code, body := serveCall(t, "GET", base+"/healthz", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"status":"ok"}`, string(body))
+}
