@@ -292,7 +292,8 @@ func (h *Hasher) sum(d *Digest, buf []byte) uint64 {
 	case fnSHA256Low64:
 		s := sha256.Sum256(buf)
 		k := binary.BigEndian.Uint64(s[24:])
-		*d = digest64(k)
+		d.n = 8
+		binary.BigEndian.PutUint64(d.b[:8], k)
 		return k
 	case fnXXH3:
 		v := xxh3.Hash128(buf)
@@ -302,7 +303,8 @@ func (h *Hasher) sum(d *Digest, buf []byte) uint64 {
 		return v.Lo
 	default:
 		k := xxhash.Sum64(buf)
-		*d = digest64(k)
+		d.n = 8
+		binary.BigEndian.PutUint64(d.b[:8], k)
 		return k
 	}
 }
