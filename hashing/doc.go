@@ -16,7 +16,9 @@
 // Config.Algo selects H, spelled as vLLM's --prefix-caching-hash-algo:
 //
 //   - SHA256 (the default): SHA-256 of the value pickled by CPython at
-//     protocol 5, reproduced byte for byte, framing included.
+//     protocol 5, reproduced byte for byte, framing included. Every value
+//     is pickled as a distinct object (no memo references), as vLLM builds
+//     them.
 //   - SHA256CBOR: SHA-256 of the value's canonical CBOR (RFC 8949 §4.2).
 //   - XXHash, XXHashCBOR: XXH3-128 of the pickle or CBOR bytes; the 16-byte
 //     digest is the high then the low 64 bits, big-endian.
@@ -65,6 +67,13 @@
 // each element tagged: 1 str and 3 bytes (uint32 length and payload), 2 int
 // (int64), 4 tuple (uint32 count and elements), all little-endian. The key is
 // its own event form, and its digest is the key's 8 bytes big-endian.
+//
+// Use Content only when the engines' own keys cannot be matched: xxhash
+// engines without PYTHONHASHSEED, or an engine version this package does not
+// reproduce. It needs events that carry token ids (blocks known by hash
+// alone, such as older CPU-offload events, cannot be re-keyed), and it costs
+// a hash per stored block on the event path. Otherwise prefer the engines'
+// algorithm: its keys come straight from the events.
 //
 // Because a Content or SHA256CBOR64 parent is a plain uint64, a chain can be
 // continued from a KV event's parent_block_hash with BlockKeysFrom; the other
