@@ -1,6 +1,7 @@
 package events
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -720,6 +721,12 @@ func (d *Decoder) field(e *Event, f int) error {
 		}
 		e.BlockHashes = e.BlockHashes[:n]
 		for i := range e.BlockHashes {
+			// Python packs hashes of 2^56 and above as uint64, nearly all.
+			if r := &d.r; r.i+9 <= len(r.b) && r.b[r.i] == msgpcode.Uint64 {
+				e.BlockHashes[i] = binary.BigEndian.Uint64(r.b[r.i+1:])
+				r.i += 9
+				continue
+			}
 			if e.BlockHashes[i], err = d.hash("block_hashes"); err != nil {
 				return err
 			}
@@ -741,16 +748,7 @@ func (d *Decoder) field(e *Event, f int) error {
 			e.TokenIDs = make([]uint32, n)
 		}
 		e.TokenIDs = e.TokenIDs[:n]
-		for i := range e.TokenIDs {
-			v, err := d.uint("token_ids")
-			if err != nil {
-				return err
-			}
-			if v > math.MaxUint32 {
-				return d.errorf("token id %d out of range", v)
-			}
-			e.TokenIDs[i] = uint32(v)
-		}
+		return d.tokens(e.TokenIDs)
 	case fBlockSize:
 		if d.isNil() {
 			return nil
@@ -803,6 +801,47 @@ func (d *Decoder) field(e *Event, f int) error {
 	default:
 		return d.skip(1)
 	}
+	return nil
+}
+
+// tokens fills dst from a token-id array whose header was read. The usual
+// encodings are decoded inline; anything else goes through uint, which
+// also reports errors.
+func (d *Decoder) tokens(dst []uint32) error {
+	b, i := d.r.b, d.r.i
+	for j := range dst {
+		if i+5 <= len(b) {
+			switch c := b[i]; {
+			case c <= msgpcode.PosFixedNumHigh:
+				dst[j] = uint32(c)
+				i++
+				continue
+			case c == msgpcode.Uint8:
+				dst[j] = uint32(b[i+1])
+				i += 2
+				continue
+			case c == msgpcode.Uint16:
+				dst[j] = uint32(binary.BigEndian.Uint16(b[i+1:]))
+				i += 3
+				continue
+			case c == msgpcode.Uint32:
+				dst[j] = binary.BigEndian.Uint32(b[i+1:])
+				i += 5
+				continue
+			}
+		}
+		d.r.i = i
+		v, err := d.uint("token_ids")
+		if err != nil {
+			return err
+		}
+		if v > math.MaxUint32 {
+			return d.errorf("token id %d out of range", v)
+		}
+		dst[j] = uint32(v)
+		i = d.r.i
+	}
+	d.r.i = i
 	return nil
 }
 
