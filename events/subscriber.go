@@ -95,7 +95,9 @@ type Config struct {
 	// queue before dropping the message and marking its pod for resync;
 	// default 100ms.
 	EnqueueTimeout time.Duration
-	// ReplayTimeout bounds one replay request; default 2s.
+	// ReplayTimeout bounds the wait for each message of a replay reply;
+	// default 2s. A holder whose replay failed does not try again for 30s,
+	// so a dead replay endpoint cannot stall its worker on every gap.
 	ReplayTimeout time.Duration
 	// Gap is the policy after an unrecovered gap; default GapClear.
 	Gap GapPolicy

@@ -500,3 +500,28 @@ func TestBindModeReplaysEachRankFromItsOwnPort(t *testing.T) {
 	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", 1)
 	require.Zero(t, statusOf(s, h1).Unrecovered)
 }
+
+func TestDeadReplayEndpointFailsOnceThenBacksOff(t *testing.T) {
+	t.Parallel()
+	port, dead := freePort(t), freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, ReplayTimeout: 100 * time.Millisecond})
+	var drop1, drop2 atomic.Int64
+	drop1.Store(-1)
+	drop2.Store(-1)
+	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), Topic: "kv@pod@m",
+		Drop: func(seq uint64) bool { return int64(seq) == drop1.Load() || int64(seq) == drop2.Load() }})
+	require.NoError(t, s.AddPod("pod", localEP(port), localEP(dead)))
+	warmUp(t, p, s, 0)
+	seq, err := p.Publish(&Batch{TS: 1, HasDPRank: true})
+	require.NoError(t, err)
+	drop1.Store(int64(seq + 1))
+	drop2.Store(int64(seq + 3))
+	publish(t, p, stored(0, nil, 1), stored(0, nil, 2), stored(0, nil, 3), stored(0, nil, 4))
+	h := index.Holder{Pod: "pod"}
+	requireKeys(t, sink, "m", h, "GPU", 4)
+	st := statusOf(s, h)
+	require.Equal(t, uint64(2), st.Gaps)
+	require.Equal(t, uint64(2), st.Unrecovered)
+	require.Equal(t, uint64(1), s.Stats().ReplayErrors, "the second gap skips the endpoint that just failed")
+}

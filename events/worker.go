@@ -32,10 +32,11 @@ type holder struct {
 	resyncing bool
 	keepStale bool // GapKeep: entries may be outdated
 
-	lastLog   time.Time
-	matched   bool // a hash agreement check ever passed
-	content   *contentMap
-	statModel atomic.Pointer[string]
+	lastLog     time.Time
+	replayAfter time.Time // no replay before: the last one failed
+	matched     bool      // a hash agreement check ever passed
+	content     *contentMap
+	statModel   atomic.Pointer[string]
 
 	lastSeq, gaps, replays, unrecovered, restarts atomic.Uint64
 	hashChecks, hashMismatches                    atomic.Uint64
@@ -266,6 +267,9 @@ func (w *worker) unrecovered(h *holder, from, to uint64, why string) {
 // on what h applied, in order. A range the engine no longer buffers is
 // handed to the gap policy (except before h's first batch).
 func (w *worker) replay(h *holder, endpoint string, from uint64) {
+	if time.Now().Before(h.replayAfter) {
+		return
+	}
 	sock, err := zmq.NewSocket(zmq.DEALER)
 	if err != nil {
 		w.replayFailed(h, endpoint, err)
@@ -306,6 +310,7 @@ func (w *worker) replay(h *holder, endpoint string, from uint64) {
 			w.replayFailed(h, endpoint, err)
 			return
 		}
+		deadline = time.Now().Add(w.s.cfg.ReplayTimeout)
 		// v26: [empty, topic, seq, payload]; v25: [empty, seq, payload].
 		if (len(frames) != 3 && len(frames) != 4) || len(frames[0]) != 0 || len(frames[len(frames)-2]) != 8 {
 			w.replayFailed(h, endpoint, fmt.Errorf("bad reply framing (%d frames)", len(frames)))
@@ -337,7 +342,13 @@ func (w *worker) replay(h *holder, endpoint string, from uint64) {
 	}
 }
 
+// replayBackoff is how long a holder whose replay failed goes without
+// trying again: a dead replay endpoint must not stall its worker on every
+// gap.
+const replayBackoff = 30 * time.Second
+
 func (w *worker) replayFailed(h *holder, endpoint string, err error) {
+	h.replayAfter = time.Now().Add(replayBackoff)
 	w.s.c.replayErrors.Add(1)
 	w.s.log.Warn("events: replay failed", "pod", h.id.Pod, "rank", h.id.Rank, "endpoint", endpoint, "err", err)
 }
