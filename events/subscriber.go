@@ -592,8 +592,15 @@ func (r *receiver) enqueue(ctx context.Context, m message) {
 	w := r.workers[podHash(m.src.pod)%uint32(len(r.workers))]
 	select {
 	case w.in <- m:
+		w.congested = false
 		return
 	default:
+	}
+	if w.congested {
+		// Still full since the last wait ran out: waiting again for every
+		// message would stall the other workers' pods too.
+		r.dropped(w, m)
+		return
 	}
 	if r.timer == nil {
 		r.timer = time.NewTimer(r.s.cfg.EnqueueTimeout)
@@ -607,9 +614,14 @@ func (r *receiver) enqueue(ctx context.Context, m message) {
 	case <-ctx.Done():
 	case <-r.timer.C:
 	}
-	r.s.c.queueFull.Add(1)
-	r.s.log.Warn("events: worker queue full, message dropped, pod marked for resync",
+	w.congested = true
+	r.s.log.Warn("events: worker queue full; dropping its messages until it drains, their pods marked for resync",
 		"pod", m.src.pod, "seq", m.seq)
+	r.dropped(w, m)
+}
+
+func (r *receiver) dropped(w *worker, m message) {
+	r.s.c.queueFull.Add(1)
 	w.markResync(m.src.pod)
 }
 

@@ -70,6 +70,10 @@ type worker struct {
 	keys, keys2   []uint64
 	extra         [][]hashing.ExtraKey
 
+	// congested is the receive loop's: an enqueue to this worker timed out
+	// and none has succeeded since.
+	congested bool
+
 	resyncMu   sync.Mutex
 	resyncPods map[string]struct{}
 	resyncSig  chan struct{}
