@@ -1,5 +1,7 @@
 package events
 
+import "log/slog"
+
 // contentMap maps a holder's engine block keys to content keys. It holds at
 // most limit entries in two generations: when the current one is half full
 // it becomes the old one and the previous old one is dropped, so entries
@@ -80,7 +82,7 @@ func (w *worker) storeContent(h *holder, e *Event) {
 		}
 	}
 	if err != nil || len(w.keys2) != n {
-		w.s.log.Warn("events: content keys not computable", "pod", h.id.Pod, "rank", h.id.Rank, "err", err)
+		w.s.limited.logf(slog.LevelWarn, "events: content keys not computable", h.id.Pod, "rank", h.id.Rank, "err", err)
 		w.unresolvedBlocks(n)
 		return
 	}

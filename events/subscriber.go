@@ -183,9 +183,10 @@ type counters struct {
 
 // Subscriber receives KV events from engines and applies them to a Sink.
 type Subscriber struct {
-	cfg Config
-	log *slog.Logger
-	c   counters
+	cfg     Config
+	log     *slog.Logger
+	limited *logLimiter
+	c       counters
 
 	mu      sync.Mutex
 	conns   map[string]*conn   // connect-mode endpoints, by endpoint
@@ -262,7 +263,8 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Subscriber{cfg: cfg, log: log, conns: map[string]*conn{}, sources: map[string]*source{}}, nil
+	return &Subscriber{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second},
+		conns: map[string]*conn{}, sources: map[string]*source{}}, nil
 }
 
 func checkEndpoint(ep string) error {
@@ -560,7 +562,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq.Socket) {
 		r.s.c.messages.Add(1)
 		if len(frames) != 3 || len(frames[1]) != 8 {
 			r.s.c.badMessages.Add(1)
-			r.s.log.Warn("events: dropped message with bad framing", "frames", len(frames))
+			r.s.limited.logf(slog.LevelWarn, "events: dropped message with bad framing", podOfConn(c), "frames", len(frames))
 			continue
 		}
 		m := message{seq: binary.BigEndian.Uint64(frames[1]), payload: frames[2]}
@@ -574,7 +576,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq.Socket) {
 		} else {
 			if !ok {
 				r.s.c.badMessages.Add(1)
-				r.s.log.Warn("events: dropped message with unknown topic", "topic", topic, "seq", m.seq)
+				r.s.limited.logf(slog.LevelWarn, "events: dropped message with unknown topic", "", "topic", topic, "seq", m.seq)
 				continue
 			}
 			m.src = r.sources[pod]
@@ -623,6 +625,14 @@ func (r *receiver) enqueue(ctx context.Context, m message) {
 func (r *receiver) dropped(w *worker, m message) {
 	r.s.c.queueFull.Add(1)
 	w.markResync(m.src.pod)
+}
+
+// podOfConn names the pod of a connect-mode message, "" for bind mode.
+func podOfConn(c *conn) string {
+	if c == nil {
+		return ""
+	}
+	return c.src.pod
 }
 
 func podHash(s string) uint32 {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -203,7 +204,7 @@ func (w *worker) handle(m message) {
 	case seq > h.next:
 		w.s.c.gaps.Add(1)
 		h.gaps.Add(1)
-		w.s.log.Warn("events: sequence gap", "pod", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
+		w.s.limited.logf(slog.LevelWarn, "events: sequence gap", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
 		if ep := replayFor(h.src, h.id.Rank); ep != "" {
 			w.replay(h, ep, h.next)
 		}
@@ -229,7 +230,7 @@ func (w *worker) handle(m message) {
 func (w *worker) decodeError(pod string, seq uint64, err error) {
 	w.s.c.decodeErrors.Add(1)
 	w.s.podCounters(pod).decodeErrors.Add(1)
-	w.s.log.Error("events: dropped malformed payload", "pod", pod, "seq", seq, "err", err)
+	w.s.limited.logf(slog.LevelError, "events: dropped malformed payload", pod, "seq", seq, "err", err)
 }
 
 // restart handles a sequence number that went backwards: a new engine
@@ -255,12 +256,12 @@ func (w *worker) unrecovered(h *holder, from, to uint64, why string) {
 	h.unrecovered.Add(1)
 	h.resyncing = false
 	if w.s.cfg.Gap == GapKeep {
-		w.s.log.Warn("events: lost batches, holder stale until the engine clears or restarts",
-			"pod", h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
+		w.s.limited.logf(slog.LevelWarn, "events: lost batches, holder stale until the engine clears or restarts",
+			h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
 		h.keepStale = true
 	} else {
-		w.s.log.Warn("events: lost batches, clearing the holder's entries",
-			"pod", h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
+		w.s.limited.logf(slog.LevelWarn, "events: lost batches, clearing the holder's entries",
+			h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
 		w.s.cfg.Sink.ClearHolder(h.model, h.id, "")
 	}
 	h.next = to + 1
@@ -354,7 +355,7 @@ const replayBackoff = 30 * time.Second
 func (w *worker) replayFailed(h *holder, endpoint string, err error) {
 	h.replayAfter = time.Now().Add(replayBackoff)
 	w.s.c.replayErrors.Add(1)
-	w.s.log.Warn("events: replay failed", "pod", h.id.Pod, "rank", h.id.Rank, "endpoint", endpoint, "err", err)
+	w.s.limited.logf(slog.LevelWarn, "events: replay failed", h.id.Pod, "rank", h.id.Rank, "endpoint", endpoint, "err", err)
 }
 
 // apply applies one batch of h with sequence number seq to the sink.

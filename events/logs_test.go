@@ -1,0 +1,24 @@
+package events
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestLogLimiterLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
+	var buf syncBuffer
+	l := &logLimiter{log: newTextLogger(&buf), interval: 50 * time.Millisecond}
+	for seq := range 100 {
+		l.logf(slog.LevelError, "bad payload", "pod-a", "seq", seq)
+	}
+	l.logf(slog.LevelError, "bad payload", "pod-b", "seq", 7)
+	require.Equal(t, 2, strings.Count(buf.String(), "bad payload"), "one line per pod")
+	require.Contains(t, buf.String(), "pod=pod-a seq=0")
+	time.Sleep(60 * time.Millisecond)
+	l.logf(slog.LevelError, "bad payload", "pod-a", "seq", 100)
+	require.Contains(t, buf.String(), "pod=pod-a seq=100 suppressed=99")
+}
