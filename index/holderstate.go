@@ -18,6 +18,13 @@ type tierState struct {
 	// childOver holds held-children counts past what a slot's byte holds,
 	// as the excess over metaChildMask. Writer only.
 	childOver map[uint64]int
+	// gaps maps the key of every gap (an unheld slot with held children)
+	// to its depth. Writer only; the table publishes it to readers.
+	gaps map[uint64]uint64
+	// live counts held slots (writer only); held publishes it for
+	// HolderBlocks after each write.
+	live int64
+	held atomic.Int64
 }
 
 // holderState is one holder's blocks for one model. Its mutex serialises
@@ -35,6 +42,8 @@ type holderState struct {
 	fifoSlot []uint32
 	fifoTier []uint8
 	head     int
+	// sink keeps prefetching loads from being optimised away.
+	sink uint64
 }
 
 func newHolderState(h Holder, capacity int64) *holderState {
@@ -79,29 +88,29 @@ func groupBit(g int) uint64 {
 func (ts *tierState) children(t *table, i int, m uint64) int {
 	c := childrenOf(m)
 	if c == metaChildMask {
-		c += ts.childOver[t.slots[i].key.Load()]
+		c += ts.childOver[t.slots[i].loadKey()]
 	}
 	return c
 }
 
 func (ts *tierState) addChild(t *table, p int) {
 	s := &t.slots[p]
-	m := s.meta.Load()
+	m := s.loadMeta()
 	if c := childrenOf(m); c == metaChildMask {
 		if ts.childOver == nil {
 			ts.childOver = make(map[uint64]int)
 		}
-		ts.childOver[s.key.Load()]++
+		ts.childOver[s.loadKey()]++
 		return
 	}
-	s.meta.Store(m + 1<<metaChildShift)
+	s.storeMeta(m + 1<<metaChildShift)
 }
 
 func (ts *tierState) dropChild(t *table, p int) {
 	s := &t.slots[p]
-	m := s.meta.Load()
+	m := s.loadMeta()
 	if childrenOf(m) == metaChildMask {
-		k := s.key.Load()
+		k := s.loadKey()
 		if n := ts.childOver[k]; n > 0 {
 			if n == 1 {
 				delete(ts.childOver, k)
@@ -111,64 +120,123 @@ func (ts *tierState) dropChild(t *table, p int) {
 			return
 		}
 	}
-	s.meta.Store(m - 1<<metaChildShift)
+	s.storeMeta(m - 1<<metaChildShift)
 }
 
-// setGroups replaces slot i's groups and keeps brk, children counts and live
-// in step. It returns +1 when the slot became held, -1 when it stopped being
-// held, 0 otherwise. Increases of brk are published before the change that
-// breaks a link, decreases after the change that repairs one, so a reader
-// that saw brk at zero before and the epoch unchanged after its probes saw
-// no broken link.
+// setGroups replaces slot i's groups and keeps gaps, children counts and
+// live in step. It returns +1 when the slot became held, -1 when it stopped
+// being held, 0 otherwise. A gap is published before the change that opens
+// it and withdrawn after the change that closes it, so a reader that saw
+// the epoch unchanged across its probes knew every gap it could meet.
 func (ts *tierState) setGroups(t *table, i int, groups uint64) int {
 	s := &t.slots[i]
-	m := s.meta.Load()
+	m := s.loadMeta()
 	was := held(m)
 	now := groups != 0
 	next := m&^metaGroups | groups
 	switch {
 	case !was && now:
 		p := parentOf(m)
-		orphan := p >= 0 && !held(t.slots[p].meta.Load())
-		if orphan {
-			t.brk.Add(1)
-			t.epoch.Add(1)
+		if p >= 0 {
+			if pm := t.slots[p].loadMeta(); !held(pm) {
+				ts.addGap(t, t.slots[p].loadKey(), pm)
+			}
 		}
-		s.meta.Store(next)
-		if c := ts.children(t, i, m); c > 0 {
-			t.brk.Add(int64(-c))
+		s.storeMeta(next)
+		if ts.children(t, i, m) > 0 {
+			ts.removeGap(t, s.loadKey())
 		}
 		if p >= 0 {
 			ts.addChild(t, p)
 		}
-		t.live.Add(1)
+		ts.live++
 		return 1
 	case was && !now:
-		if c := ts.children(t, i, m); c > 0 {
-			t.brk.Add(int64(c))
-			t.epoch.Add(1)
+		if ts.children(t, i, m) > 0 {
+			ts.addGap(t, s.loadKey(), m)
 		}
-		s.meta.Store(next)
+		s.storeMeta(next)
 		if p := parentOf(m); p >= 0 {
-			if !held(t.slots[p].meta.Load()) {
-				t.brk.Add(-1)
-			}
 			ts.dropChild(t, p)
+			if pm := t.slots[p].loadMeta(); !held(pm) && ts.children(t, p, pm) == 0 {
+				ts.removeGap(t, t.slots[p].loadKey())
+			}
 		}
-		t.live.Add(-1)
+		ts.live--
 		return -1
 	default:
 		if next != m {
-			s.meta.Store(next)
+			s.storeMeta(next)
 		}
 		return 0
 	}
 }
 
+// addGap records the unheld slot with key k and meta m as a gap and
+// publishes it, before the caller opens it.
+func (ts *tierState) addGap(t *table, k uint64, m uint64) {
+	if _, ok := ts.gaps[k]; ok {
+		return
+	}
+	if ts.gaps == nil {
+		ts.gaps = make(map[uint64]uint64)
+	}
+	d := uint64(depthOf(m))
+	ts.gaps[k] = d
+	if n := int(t.gapN.Load()); n >= 0 && n < maxGaps {
+		t.gaps[n].key.Store(k)
+		t.gaps[n].depth.Store(d)
+		t.gapN.Store(int32(n + 1))
+	} else {
+		t.gapN.Store(-1)
+	}
+	t.epoch.Add(1)
+}
+
+// removeGap withdraws the gap with key k, if any, after the caller closed
+// it. A reader that loaded the old count may still see a stale gap, which
+// only makes it probe more.
+func (ts *tierState) removeGap(t *table, k uint64) {
+	if _, ok := ts.gaps[k]; !ok {
+		return
+	}
+	delete(ts.gaps, k)
+	n := int(t.gapN.Load())
+	if n < 0 {
+		if len(ts.gaps) <= maxGaps {
+			ts.publishGaps(t)
+		}
+		return
+	}
+	for j := range n {
+		if t.gaps[j].key.Load() == k {
+			t.gaps[j].key.Store(t.gaps[n-1].key.Load())
+			t.gaps[j].depth.Store(t.gaps[n-1].depth.Load())
+			t.gapN.Store(int32(n - 1))
+			return
+		}
+	}
+}
+
+// publishGaps lists all gaps in t, or marks them too many.
+func (ts *tierState) publishGaps(t *table) {
+	if len(ts.gaps) > maxGaps {
+		t.gapN.Store(-1)
+		return
+	}
+	n := 0
+	for k, d := range ts.gaps {
+		t.gaps[n].key.Store(k)
+		t.gaps[n].depth.Store(d)
+		n++
+	}
+	t.gapN.Store(int32(n))
+}
+
 // addGroup marks group g held in slot i (key k), reporting whether the slot
 // became held.
 func (ts *tierState) addGroup(t *table, i int, k uint64, g int) bool {
-	m := t.slots[i].meta.Load()
+	m := t.slots[i].loadMeta()
 	bit := groupBit(g)
 	if bit == metaExtGroup {
 		gs := ts.ext[k]
@@ -188,7 +256,7 @@ func (ts *tierState) addGroup(t *table, i int, k uint64, g int) bool {
 // removeGroup clears group g in slot i (key k), reporting whether the slot
 // stopped being held.
 func (ts *tierState) removeGroup(t *table, i int, k uint64, g int) bool {
-	m := t.slots[i].meta.Load()
+	m := t.slots[i].loadMeta()
 	bit := groupBit(g)
 	if m&bit == 0 {
 		return false
@@ -216,10 +284,19 @@ func (ts *tierState) removeGroup(t *table, i int, k uint64, g int) bool {
 
 // drop clears every group of slot i (key k), reporting whether it was held.
 func (ts *tierState) drop(t *table, i int, k uint64) bool {
-	if t.slots[i].meta.Load()&metaExtGroup != 0 {
+	if t.slots[i].loadMeta()&metaExtGroup != 0 {
 		delete(ts.ext, k)
 	}
 	return ts.setGroups(t, i, 0) < 0
+}
+
+// publish makes the writer's counts visible to readers.
+func (hs *holderState) publish() {
+	for _, ts := range hs.tierList() {
+		if ts.held.Load() != ts.live {
+			ts.held.Store(ts.live)
+		}
+	}
 }
 
 func (hs *holderState) push(ti int, i int) {
@@ -231,12 +308,16 @@ func (hs *holderState) push(ti int, i int) {
 func (hs *holderState) evict(n int64) int64 {
 	tiers := hs.tierList()
 	var done int64
+	if len(tiers) == 1 {
+		ahead := hs.fifoSlot[hs.head:min(len(hs.fifoSlot), hs.head+int(min(n, 64)))]
+		hs.sink += tiers[0].tab.Load().prefetchSlots(ahead)
+	}
 	for done < n && hs.head < len(hs.fifoSlot) {
 		ti, i := hs.fifoTier[hs.head], int(hs.fifoSlot[hs.head])
 		hs.head++
 		ts := tiers[ti]
 		t := ts.tab.Load()
-		if held(t.slots[i].meta.Load()) && ts.drop(t, i, t.slots[i].key.Load()) {
+		if held(t.slots[i].loadMeta()) && ts.drop(t, i, t.slots[i].loadKey()) {
 			done++
 		}
 	}
@@ -277,7 +358,7 @@ func (hs *holderState) compact(rt int, remap []uint32) {
 			i = remap[i] - 1
 		}
 		t := tiers[ti].tab.Load()
-		if !held(t.slots[i].meta.Load()) || seen[ti][i/64]&(1<<(i%64)) != 0 {
+		if !held(t.slots[i].loadMeta()) || seen[ti][i/64]&(1<<(i%64)) != 0 {
 			continue
 		}
 		seen[ti][i/64] |= 1 << (i % 64)
@@ -311,33 +392,46 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	remap := make([]uint32, len(old.slots))
 	kept := 0
 	for i := range old.slots {
-		if !held(old.slots[i].meta.Load()) {
-			continue
+		if held(old.slots[i].loadMeta()) {
+			remap[i] = 1
+			kept++
 		}
-		for j := i; j >= 0 && remap[j] == 0; j = parentOf(old.slots[j].meta.Load()) {
+	}
+	// Unheld ancestors of held slots are gaps and the chains above them.
+	for k := range ts.gaps {
+		for j := old.find(k); j >= 0 && remap[j] == 0; j = parentOf(old.slots[j].loadMeta()) {
 			remap[j] = 1
 			kept++
 		}
 	}
+	// nt is private until published: plain writes.
 	nt := newTable(tableSizeFor(kept + extra))
-	for i := range old.slots {
-		if remap[i] != 0 {
-			m := old.slots[i].meta.Load()
-			remap[i] = uint32(nt.insert(old.slots[i].key.Load(), m&^(metaParentMask<<metaParentShift))) + 1
-		}
-	}
 	for i := range old.slots {
 		if remap[i] == 0 {
 			continue
 		}
-		if p := parentOf(old.slots[i].meta.Load()); p >= 0 {
-			s := &nt.slots[remap[i]-1]
-			s.meta.Store(s.meta.Load() | uint64(remap[p])<<metaParentShift)
+		k := old.slots[i].loadKey()
+		j := nt.home(k)
+		for nt.slots[j].meta != 0 {
+			j = nt.next(j)
 		}
+		nt.slots[j].key = k
+		nt.slots[j].meta = metaExists
+		remap[i] = uint32(j) + 1
 	}
-	nt.brk.Store(old.brk.Load())
+	nt.used = kept
+	for i := range old.slots {
+		if remap[i] == 0 {
+			continue
+		}
+		m := old.slots[i].loadMeta()
+		if p := parentOf(m); p >= 0 {
+			m = m&^(metaParentMask<<metaParentShift) | uint64(remap[p])<<metaParentShift
+		}
+		nt.slots[remap[i]-1].meta = m
+	}
+	ts.publishGaps(nt)
 	nt.epoch.Store(old.epoch.Load())
-	nt.live.Store(old.live.Load())
 	ts.tab.Store(nt)
 	hs.compact(ti, remap)
 	return nt

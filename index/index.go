@@ -193,15 +193,33 @@ func (ix *Index) Store(model string, h Holder, tier string, group int, parent ui
 			prev = t.insert(parent, 0)
 		}
 	}
+	bit := groupBit(group)
 	var added int64
+	hs.sink += t.prefetch(keys)
 	for _, k := range keys {
-		i := t.find(k)
-		if i < 0 {
+		i, found := t.probe(k)
+		if !found {
 			var m uint64
 			if prev >= 0 {
-				m = anchoredMeta(prev, t.slots[prev].meta.Load())
+				pm := t.slots[prev].loadMeta()
+				if !held(pm) && bit != metaExtGroup {
+					ts.addGap(t, t.slots[prev].loadKey(), pm)
+				}
+				m = anchoredMeta(prev, pm)
 			}
-			i = t.insert(k, m)
+			if bit != metaExtGroup {
+				// The common case: a new block, published held at once.
+				t.put(i, k, m|bit)
+				if prev >= 0 {
+					ts.addChild(t, prev)
+				}
+				ts.live++
+				hs.push(ti, i)
+				added++
+				prev = i
+				continue
+			}
+			t.put(i, k, m)
 		}
 		if ts.addGroup(t, i, k, group) {
 			hs.push(ti, i)
@@ -215,6 +233,7 @@ func (ix *Index) Store(model string, h Holder, tier string, group int, parent ui
 		ix.total.Add(added)
 		ix.enforce(model, hs)
 	}
+	hs.publish()
 }
 
 // enforce evicts past hs's capacity and the total budget. hs is locked.
@@ -249,6 +268,7 @@ func (ix *Index) enforce(model string, hs *holderState) {
 		}
 	}
 	n := victim.evict(over)
+	victim.publish()
 	ix.total.Add(-n)
 	ix.evictedBudget.Add(uint64(n))
 	ix.logf(logBudget, "index: over budget, oldest blocks of largest holder evicted", "pod", victim.h.Pod, "rank", victim.h.Rank, "budget", ix.budget, "evicted", n)
@@ -285,6 +305,7 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 	}
 	t := ts.tab.Load()
 	var n int64
+	hs.sink += t.prefetch(keys)
 	for _, k := range keys {
 		if i := t.find(k); i >= 0 && ts.removeGroup(t, i, k, group) {
 			n++
@@ -295,6 +316,7 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		ix.total.Add(-n)
 		ix.removed.Add(uint64(n))
 		hs.maybeCompact()
+		hs.publish()
 	}
 }
 
@@ -314,18 +336,20 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 			continue
 		}
 		gone[ti] = true
-		n += ts.tab.Load().live.Load()
+		n += ts.live
 	}
 	hs.dropTiers(gone)
 	for ti, ts := range tiers {
 		if gone[ti] {
 			ts.tab.Store(newTable(minTableSize))
-			ts.ext, ts.childOver = nil, nil
+			ts.ext, ts.childOver, ts.gaps = nil, nil, nil
+			ts.live = 0
 		}
 	}
 	hs.live.Add(-n)
 	ix.total.Add(-n)
 	ix.cleared.Add(uint64(n))
+	hs.publish()
 }
 
 // RemoveHolder forgets h in every model, e.g. when its pod is gone.
@@ -381,7 +405,7 @@ func (ix *Index) HolderBlocks(model string, h Holder) map[string]int {
 		return out
 	}
 	for _, ts := range hs.tierList() {
-		if n := ts.tab.Load().live.Load(); n > 0 {
+		if n := ts.held.Load(); n > 0 {
 			out[ts.name] = int(n)
 		}
 	}

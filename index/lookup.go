@@ -108,16 +108,16 @@ func (ix *Index) Holders(model string, key uint64, dst []Holder) []Holder {
 	return dst
 }
 
-// runFrom returns how many consecutive blocks from keys[b] t holds. With no
-// broken link in t it gallops; if a writer broke a link meanwhile, or one
-// was broken already, it checks block by block.
+// runFrom returns how many consecutive blocks from keys[b] t holds. It
+// gallops, unless t has too many gaps or a writer opened one meanwhile:
+// then it checks block by block.
 func runFrom(t *table, keys []uint64, b int) int {
 	if b >= len(keys) {
 		return 0
 	}
 	e := t.epoch.Load()
-	if t.brk.Load() == 0 {
-		n := t.gallop(keys, b)
+	if g := int(t.gapN.Load()); g >= 0 {
+		n := t.gallop(keys, b, g)
 		if t.epoch.Load() == e {
 			return n
 		}
@@ -133,13 +133,14 @@ func (t *table) linear(keys []uint64, b int) int {
 	return i - b
 }
 
-// gallop is runFrom for a table without broken links. A held block whose
-// depth is at least j-pos has j-pos held ancestors; keys being a chain,
-// those are keys[pos:j]. That predicate only gets false further along a
-// segment, so exponential then binary search finds the segment's end
-// exactly. A segment ends early where a block was stored without its
-// anchor; the next one starts right after.
-func (t *table) gallop(keys []uint64, b int) int {
+// gallop is runFrom for a table with g listed gaps. Within a segment
+// starting at a held keys[pos], keys[j] is certified when it is held at a
+// depth of at least j-pos and no gap sits between: keys being a chain, its
+// j-pos anchored ancestors are keys[pos:j], all held. Certification only
+// gets false further along a segment, so exponential then binary search
+// finds the segment's end exactly. A segment ends early where a block was
+// stored without its anchor; the next one starts right after.
+func (t *table) gallop(keys []uint64, b int, g int) int {
 	n := len(keys)
 	pos := b
 	next := t.get(keys[pos])
@@ -152,7 +153,7 @@ func (t *table) gallop(keys []uint64, b int) int {
 				break
 			}
 			m := t.get(keys[j])
-			if held(m) && depthOf(m) >= j-pos {
+			if t.certified(keys, pos, j, m, g) {
 				lo = j
 				continue
 			}
@@ -162,7 +163,7 @@ func (t *table) gallop(keys []uint64, b int) int {
 		for hi-lo > 1 {
 			mid := int(uint(lo+hi) >> 1)
 			m := t.get(keys[mid])
-			if held(m) && depthOf(m) >= mid-pos {
+			if t.certified(keys, pos, mid, m, g) {
 				lo = mid
 			} else {
 				hi, him = mid, m
@@ -179,4 +180,27 @@ func (t *table) gallop(keys []uint64, b int) int {
 		}
 	}
 	return pos - b
+}
+
+// certified reports whether keys[j], with meta m, proves keys[pos:j] held.
+// A gap at depth gd is an ancestor of keys[j] only at position
+// j-(d-gd), depths growing by one per link; it matters if it is there.
+func (t *table) certified(keys []uint64, pos, j int, m uint64, g int) bool {
+	d := depthOf(m)
+	if !held(m) || d < j-pos {
+		return false
+	}
+	if g == 0 {
+		return true
+	}
+	if d == metaDepthMax {
+		return false
+	}
+	for i := range g {
+		gd := int(t.gaps[i].depth.Load())
+		if jg := j - d + gd; jg > pos && jg < j && keys[jg] == t.gaps[i].key.Load() {
+			return false
+		}
+	}
+	return true
 }

@@ -12,28 +12,48 @@ import (
 // replaced by a rehash, so a reader never confuses two keys.
 //
 // Each slot also records the block's chain: the slot of the parent block the
-// engine reported (its anchor) and the depth, the number of anchored links
-// above it. Together with brk (held blocks whose anchor is not held) this
-// lets a lookup skip over a run of blocks: when brk is zero, a held block at
-// depth d implies its d ancestors are held too.
+// engine reported (its anchor) and its depth, the number of anchored links
+// above it; a child's depth is its parent's plus one. An unheld slot with a
+// held child is a gap. Without gaps, a held block at depth d has its d
+// anchored ancestors held; with a few gaps, a lookup can tell from depths
+// where on the prompt each gap would sit and check just those blocks. So a
+// lookup gallops over the prompt instead of probing every block.
 type table struct {
 	slots []slot
-	mask  uint64
-	shift uint8
-	// brk counts held slots whose anchor is not held in this table.
-	brk atomic.Int64
-	// epoch grows whenever brk grows, so a reader that galloped while a
-	// writer broke a link notices and verifies block by block instead.
+	size  uint64
+	// gapN is the number of gaps listed in gaps, -1 when there are more
+	// than fit (lookups then check block by block).
+	gapN atomic.Int32
+	gaps [maxGaps]gap
+	// epoch grows before a gap appears, so a reader that galloped while a
+	// writer opened one notices and checks block by block instead.
 	epoch atomic.Uint64
-	// live counts held slots; used counts occupied slots (held, or kept as
-	// the ancestor of a held slot, or dropped but not yet rehashed away).
-	live atomic.Int64
+	// used counts occupied slots (held, or kept as the ancestor of a held
+	// slot, or dropped but not yet rehashed away). Writer only.
 	used int
 }
 
+type gap struct {
+	key   atomic.Uint64
+	depth atomic.Uint64
+}
+
+// maxGaps bounds the gaps a lookup checks per table before it gives up
+// galloping.
+const maxGaps = 16
+
+// A slot's words are written with atomic stores while its table is
+// published, and plainly while a rehash builds the table, before it is.
 type slot struct {
-	key  atomic.Uint64
-	meta atomic.Uint64
+	key  uint64
+	meta uint64
+}
+
+func (s *slot) loadKey() uint64   { return atomic.LoadUint64(&s.key) }
+func (s *slot) loadMeta() uint64  { return atomic.LoadUint64(&s.meta) }
+func (s *slot) storeKey(k uint64) { atomic.StoreUint64(&s.key, k) }
+func (s *slot) storeMeta(m uint64) {
+	atomic.StoreUint64(&s.meta, m)
 }
 
 // Slot meta layout. Group bits 0-6 are KV cache groups 0-6; bit 7 stands
@@ -57,24 +77,30 @@ const (
 )
 
 func newTable(size int) *table {
-	if size < minTableSize {
-		size = minTableSize
-	}
-	b := bits.Len(uint(size - 1))
-	return &table{
-		slots: make([]slot, 1<<b),
-		mask:  1<<b - 1,
-		shift: uint8(64 - b),
-	}
+	size = max(size, minTableSize)
+	return &table{slots: make([]slot, size), size: uint64(size)}
 }
 
-// tableSizeFor returns the table size that holds n slots at most rebuildNum/loadDen full.
+// tableSizeFor returns the table size that holds n slots at most
+// rebuildNum/loadDen full. Sizes are not powers of two, so that tables
+// grow by 13/9 rather than doubling, which keeps memory per block low.
 func tableSizeFor(n int) int {
 	return n*loadDen/rebuildNum + 1
 }
 
+// home maps key to a slot by multiplying its mixed bits into [0, size).
 func (t *table) home(key uint64) uint64 {
-	return (key * 0x9E3779B97F4A7C15) >> t.shift
+	hi, _ := bits.Mul64(key*0x9E3779B97F4A7C15, t.size)
+	return hi
+}
+
+// next is the slot after i, wrapping around.
+func (t *table) next(i uint64) uint64 {
+	i++
+	if i == t.size {
+		return 0
+	}
+	return i
 }
 
 // get returns the meta of key's slot, or 0 when the table has no slot for it.
@@ -82,14 +108,14 @@ func (t *table) get(key uint64) uint64 {
 	i := t.home(key)
 	for {
 		s := &t.slots[i]
-		m := s.meta.Load()
+		m := s.loadMeta()
 		if m == 0 {
 			return 0
 		}
-		if s.key.Load() == key {
+		if s.loadKey() == key {
 			return m
 		}
-		i = (i + 1) & t.mask
+		i = t.next(i)
 	}
 }
 
@@ -98,14 +124,59 @@ func (t *table) find(key uint64) int {
 	i := t.home(key)
 	for {
 		s := &t.slots[i]
-		if s.meta.Load() == 0 {
+		if s.loadMeta() == 0 {
 			return -1
 		}
-		if s.key.Load() == key {
+		if s.loadKey() == key {
 			return int(i)
 		}
-		i = (i + 1) & t.mask
+		i = t.next(i)
 	}
+}
+
+// prefetch touches the home slots of keys, so that their cache misses
+// overlap instead of following one another in the probe loop. Writer only:
+// plain loads of words only the writer writes.
+func (t *table) prefetch(keys []uint64) uint64 {
+	var sum uint64
+	for _, k := range keys {
+		sum += t.slots[t.home(k)].meta
+	}
+	return sum
+}
+
+// prefetchSlots is prefetch for known slots.
+func (t *table) prefetchSlots(slots []uint32) uint64 {
+	var sum uint64
+	for _, i := range slots {
+		if uint64(i) < t.size {
+			sum += t.slots[i].meta
+		}
+	}
+	return sum
+}
+
+// probe returns key's slot and true, or the free slot where key would go
+// and false. Writer only.
+func (t *table) probe(key uint64) (int, bool) {
+	i := t.home(key)
+	for {
+		s := &t.slots[i]
+		if s.loadMeta() == 0 {
+			return int(i), false
+		}
+		if s.loadKey() == key {
+			return int(i), true
+		}
+		i = t.next(i)
+	}
+}
+
+// put occupies the free slot i with key and meta.
+func (t *table) put(i int, key, meta uint64) {
+	t.slots[i].storeKey(key)
+	t.slots[i].storeMeta(meta | metaExists)
+	t.used++
 }
 
 // insert puts key, known to be absent, in a free slot. The caller has made
@@ -113,11 +184,11 @@ func (t *table) find(key uint64) int {
 // slot occupied also sees its key.
 func (t *table) insert(key, meta uint64) int {
 	i := t.home(key)
-	for t.slots[i].meta.Load() != 0 {
-		i = (i + 1) & t.mask
+	for t.slots[i].loadMeta() != 0 {
+		i = t.next(i)
 	}
-	t.slots[i].key.Store(key)
-	t.slots[i].meta.Store(meta | metaExists)
+	t.slots[i].storeKey(key)
+	t.slots[i].storeMeta(meta | metaExists)
 	t.used++
 	return int(i)
 }

@@ -1,0 +1,258 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+const (
+	benchPromptBlocks = 2048
+	benchHolders      = 64
+)
+
+// benchFleet is the lookup set-up: a 2,048-block prompt and 64
+// holders, half of them holding a random-length prefix of it, the other
+// half other chains of random length.
+type benchFleet struct {
+	ix      *Index
+	prompt  []uint64
+	holders []Holder
+	keys    []uint64 // every key the index holds, for the map floor
+}
+
+func newBenchFleet() *benchFleet {
+	rng := rand.New(rand.NewPCG(1, 2))
+	f := &benchFleet{ix: New(Config{}), prompt: chain(rng.Uint64(), benchPromptBlocks)}
+	seen := make(map[uint64]bool)
+	for i := range benchHolders {
+		h := Holder{Pod: fmt.Sprintf("10.1.%d.%d:8000", i/8, i%8)}
+		f.holders = append(f.holders, h)
+		keys := f.prompt[:1+rng.IntN(benchPromptBlocks)]
+		if i%2 == 1 {
+			keys = chain(rng.Uint64(), 1+rng.IntN(benchPromptBlocks))
+		}
+		for j := 0; j < len(keys); j += 16 {
+			var parent uint64
+			if j > 0 {
+				parent = keys[j-1]
+			}
+			f.ix.Store("m", h, TierGPU, 0, parent, j > 0, keys[j:min(j+16, len(keys))])
+		}
+		for _, k := range keys {
+			if !seen[k] {
+				seen[k] = true
+				f.keys = append(f.keys, k)
+			}
+		}
+	}
+	return f
+}
+
+func BenchmarkLookup(b *testing.B) {
+	f := newBenchFleet()
+	var res Result
+	f.ix.Lookup("m", f.prompt, &res)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		f.ix.Lookup("m", f.prompt, &res)
+	}
+	b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N), "ns/lookup")
+	if len(res.Hits) != benchHolders/2 {
+		b.Fatalf("%d hits, want %d", len(res.Hits), benchHolders/2)
+	}
+}
+
+// BenchmarkLookupMapFloor is the floor for a design that probes once per
+// block: 2,048 probes of a plain map holding every key of the fleet.
+func BenchmarkLookupMapFloor(b *testing.B) {
+	f := newBenchFleet()
+	m := make(map[uint64]uint64, len(f.keys))
+	for i, k := range f.keys {
+		m[k] = uint64(i)
+	}
+	var sink uint64
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		for _, k := range f.prompt {
+			sink += m[k]
+		}
+	}
+	b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N), "ns/lookup")
+	if sink == 0 {
+		b.Fatal("no probe hit")
+	}
+}
+
+// BenchmarkLookupUnderIngest measures lookup latency while a writer stores
+// and removes chains for the same holders at full speed, including the
+// tails of the prompt's prefixes.
+func BenchmarkLookupUnderIngest(b *testing.B) {
+	f := newBenchFleet()
+	var stop atomic.Bool
+	var writes atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(3, 4))
+		type stored struct {
+			h    Holder
+			keys []uint64
+		}
+		var window []stored
+		for !stop.Load() {
+			h := f.holders[rng.IntN(len(f.holders))]
+			keys := chain(rng.Uint64(), 64)
+			f.ix.Store("m", h, TierGPU, 0, 0, false, keys)
+			window = append(window, stored{h, keys})
+			if len(window) > 512 {
+				f.ix.Remove("m", window[0].h, TierGPU, 0, window[0].keys)
+				window = window[1:]
+			}
+			// Engines evict and re-store prompt tails too.
+			i := 2 * rng.IntN(len(f.holders)/2)
+			tail := f.prompt[benchPromptBlocks-64:]
+			f.ix.Remove("m", f.holders[i], TierGPU, 0, tail)
+			f.ix.Store("m", f.holders[i], TierCPU, 0, f.prompt[benchPromptBlocks-65], true, tail)
+			writes.Add(2*64 + 64)
+		}
+	})
+	var res Result
+	lat := make([]int64, 0, b.N)
+	b.ResetTimer()
+	began := time.Now()
+	for b.Loop() {
+		t0 := time.Now()
+		f.ix.Lookup("m", f.prompt, &res)
+		lat = append(lat, time.Since(t0).Nanoseconds())
+	}
+	elapsed := time.Since(began)
+	stop.Store(true)
+	wg.Wait()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2]), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100]), "p99-ns")
+	b.ReportMetric(float64(writes.Load())/elapsed.Seconds(), "writes/s")
+}
+
+// BenchmarkAdd measures stores per second on one goroutine, in 16-block
+// chained batches as engines report them, for 64 holders:
+//   - churn: each holder stores 256-block chains and, past 64Ki blocks,
+//     removes its oldest chain leaf first, as vLLM evicts;
+//   - evict: no removals, so the holders' 64Ki capacity evicts their oldest
+//     blocks, parents first;
+//   - evict-1Mi: the same with 1Mi-block holders, tables past the caches.
+func BenchmarkAdd(b *testing.B) {
+	cases := []struct {
+		name     string
+		capacity int
+		remove   bool
+	}{
+		{"churn", 0, true},
+		{"evict", 1 << 16, false},
+		{"evict-1Mi", 1 << 20, false},
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			const batch, chainLen, holders = 16, 256, 64
+			limit := 1 << 16
+			if tc.capacity > 0 {
+				limit = tc.capacity
+			}
+			ix := New(Config{HolderCapacity: tc.capacity, MaxHolderBlocks: -1})
+			rng := rand.New(rand.NewPCG(5, 6))
+			type holderLoad struct {
+				h      Holder
+				chains [][]uint64 // oldest first
+				cur    []uint64
+				off    int
+				blocks int
+			}
+			hl := make([]*holderLoad, holders)
+			for i := range hl {
+				hl[i] = &holderLoad{h: Holder{Pod: fmt.Sprintf("10.3.0.%d:8000", i)}}
+			}
+			// Keys are made ahead so the loop measures the index alone.
+			pool := make([][]uint64, 4096)
+			for i := range pool {
+				pool[i] = chain(rng.Uint64(), chainLen)
+			}
+			next := 0
+			start := time.Now()
+			stored := 0
+			for i := 0; b.Loop(); i++ {
+				l := hl[i%holders]
+				if l.off == len(l.cur) {
+					// Pool chains are salted so that keys stay unique.
+					src := pool[next%len(pool)]
+					next++
+					salt := rng.Uint64()
+					l.cur = make([]uint64, len(src))
+					for j, k := range src {
+						l.cur[j] = k ^ salt
+					}
+					l.off = 0
+					l.chains = append(l.chains, l.cur)
+				}
+				var parent uint64
+				if l.off > 0 {
+					parent = l.cur[l.off-1]
+				}
+				ix.Store("m", l.h, TierGPU, 0, parent, l.off > 0, l.cur[l.off:l.off+batch])
+				l.off += batch
+				l.blocks += batch
+				stored += batch
+				if tc.remove && l.blocks > limit {
+					old := l.chains[0]
+					for j := len(old); j > 0; j -= batch {
+						ix.Remove("m", l.h, TierGPU, 0, old[j-batch:j])
+					}
+					l.chains = l.chains[1:]
+					l.blocks -= len(old)
+				}
+			}
+			b.ReportMetric(float64(stored)/time.Since(start).Seconds(), "blocks/s")
+		})
+	}
+}
+
+// BenchmarkMemory measures heap per holding with 10M holdings: 64 holders,
+// each with its own chains, on the GPU and a quarter of them on CPU too.
+func BenchmarkMemory(b *testing.B) {
+	const total = 10_000_000
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		ix := New(Config{})
+		rng := rand.New(rand.NewPCG(7, 8))
+		n := 0
+		for n < total {
+			h := Holder{Pod: fmt.Sprintf("10.2.0.%d:8000", rng.IntN(benchHolders))}
+			keys := chain(rng.Uint64(), 1+rng.IntN(benchPromptBlocks))
+			if len(keys) > total-n {
+				keys = keys[:total-n]
+			}
+			tier := TierGPU
+			if rng.IntN(4) == 0 {
+				tier = TierCPU
+			}
+			ix.Store("m", h, tier, 0, 0, false, keys)
+			n += len(keys)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if got := ix.Stats().HolderBlocks; got != total {
+			b.Fatalf("%d holdings, want %d", got, total)
+		}
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/total, "bytes/holder-block")
+		runtime.KeepAlive(ix)
+	}
+}
