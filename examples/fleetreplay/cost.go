@@ -70,10 +70,10 @@ var glm753B = CostModel{
 }
 
 // llama8B is an 8B model on one GPU: a 16,384-token prefill takes about
-// 0.48 s alone, pulling it about 0.1 s.
+// 0.55 s alone, pulling it about 0.1 s.
 var llama8B = CostModel{
-	Linear:       0.29 / 16384,
-	Quadratic:    0.19 / (16384.0 * 16384.0),
+	Linear:       0.33 / 16384,
+	Quadratic:    0.22 / (16384.0 * 16384.0),
 	PullFloor:    0.03,
 	PullPerToken: 0.07 / 16384,
 	CPULoad:      0.02 / 16384,

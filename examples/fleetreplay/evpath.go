@@ -29,31 +29,36 @@ type eventPath struct {
 	done    chan error
 }
 
-// freePort returns a loopback TCP port nothing listens on.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// loopbackEndpoints returns n distinct TCP endpoints on free loopback
+// ports. The ports are held until all are chosen, so that none is handed
+// out twice.
+func loopbackEndpoints(n int) ([]string, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	eps := make([]string, n)
+	for i := range eps {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free loopback port: %w", err)
+		}
+		ls = append(ls, l)
+		eps[i] = fmt.Sprintf("tcp://127.0.0.1:%d", l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func loopback() (string, error) {
-	port, err := freePort()
-	if err != nil {
-		return "", fmt.Errorf("free loopback port: %w", err)
-	}
-	return fmt.Sprintf("tcp://127.0.0.1:%d", port), nil
+	return eps, nil
 }
 
 func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 	e.timeout = opt.syncTimeout
 	e.idx = index.New(index.Config{})
-	bind, err := loopback()
+	eps, err := loopbackEndpoints(1 + len(f.pods))
 	if err != nil {
 		return err
 	}
+	bind := eps[0]
 	cfg := events.Config{Sink: e.idx, Bind: []string{bind}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if opt.hashCheck {
 		cfg.Hasher = f.rtr.h
@@ -68,12 +73,8 @@ func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 	e.cancel, e.done = cancel, make(chan error, 1)
 	go func() { e.done <- e.sub.Run(rctx) }()
 	e.pods = f.pods
-	for _, p := range f.pods {
-		replay, err := loopback()
-		if err != nil {
-			e.close()
-			return err
-		}
+	for i, p := range f.pods {
+		replay := eps[1+i]
 		pub, err := events.NewPublisher(events.PublisherConfig{
 			Endpoint: bind, ReplayEndpoint: replay,
 			Topic:  fmt.Sprintf("kv@%s@%s", p.name, f.model),
@@ -119,6 +120,12 @@ func (e *eventPath) handshake(ctx context.Context) error {
 		}
 		if waiting == 0 {
 			return e.sync(ctx)
+		}
+		select {
+		case err := <-e.done:
+			e.done <- err
+			return fmt.Errorf("%w: the subscriber stopped: %v", errSync, err)
+		default:
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%w: %d pods' events never reached the subscriber", errSync, waiting)

@@ -75,6 +75,8 @@ type fleet struct {
 	res       *armResult
 	err       error
 	onDone    func()
+	// audit, when set, sees every decision with the pods' true state.
+	audit func(r *request, dest *pod, d *picker.Decision)
 }
 
 // The model name the simulated engines report in their events.

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/picker"
 )
 
 // options are everything the flags set.
@@ -50,6 +51,9 @@ type options struct {
 	tracePath    string
 	samePods     bool
 	cpuProfile   string
+	// audit, when set, sees every pick decision with the pods' true state
+	// (tests).
+	audit        func(r *request, dest *pod, d *picker.Decision)
 	plots        bool
 	showProgress bool
 }
@@ -80,7 +84,7 @@ func defaultOptions() options {
 		suffixMin:    1024,
 		suffixMax:    3072,
 		gpuBlocks:    12000,
-		cpuBlocks:    36000,
+		cpuBlocks:    44000,
 		spillCost:    llama8B,
 		controlRate:  8,
 
@@ -276,7 +280,7 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup}
 			out = append(out, cur)
 		}
-		offRes, placed, err := runOne(ctx, pr.off, opt, bar)
+		offRes, placed, err := runOne(ctx, pr.off, opt, bar, o.audit)
 		if err != nil {
 			return nil, err
 		}
@@ -284,7 +288,7 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 		if o.samePods {
 			on.replay = placed
 		}
-		onRes, _, err := runOne(ctx, on, opt, bar)
+		onRes, _, err := runOne(ctx, on, opt, bar, o.audit)
 		if err != nil {
 			return nil, err
 		}
@@ -293,12 +297,13 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 	return out, nil
 }
 
-func runOne(ctx context.Context, spec *runSpec, opt sdkOptions, bar *progress) (*armResult, []int, error) {
+func runOne(ctx context.Context, spec *runSpec, opt sdkOptions, bar *progress, audit func(*request, *pod, *picker.Decision)) (*armResult, []int, error) {
 	f, err := newFleet(ctx, spec, opt)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s %s: %w", spec.scenario, spec.arm(), err)
 	}
 	f.onDone = func() { bar.add(1) }
+	f.audit = audit
 	res, placed, err := f.run(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s %s: %w", spec.scenario, spec.arm(), err)

@@ -191,6 +191,9 @@ func (s *sdkPath) decide(r *request, dest *pod) (*pullOrder, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f.audit != nil {
+		f.audit(r, dest, &d)
+	}
 	r.reason = string(d.Reason)
 	f.res.Decisions[r.reason]++
 	if d.Reason != picker.ReasonPull {
