@@ -382,6 +382,27 @@ func (hs *holderState) dropTiers(gone []bool) {
 	hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:w], hs.fifoTier[:w], 0
 }
 
+// kept marks with 1 the slots of t worth keeping: held slots and their
+// unheld ancestors (gaps and the chains above them). It returns the marks
+// and their number.
+func (ts *tierState) kept(t *table) ([]uint32, int) {
+	marks := make([]uint32, len(t.slots))
+	n := 0
+	for i := range t.slots {
+		if held(t.slots[i].loadMeta()) {
+			marks[i] = 1
+			n++
+		}
+	}
+	for k := range ts.gaps {
+		for j := t.find(k); j >= 0 && marks[j] == 0; j = parentOf(t.slots[j].loadMeta()) {
+			marks[j] = 1
+			n++
+		}
+	}
+	return marks, n
+}
+
 // rehash rebuilds tier ti's table with room for extra more slots, dropping
 // slots that are neither held nor an ancestor of a held slot, and publishes
 // it. Readers still on the old table see it as it was: it is not written
@@ -389,21 +410,7 @@ func (hs *holderState) dropTiers(gone []bool) {
 func (hs *holderState) rehash(ti int, extra int) *table {
 	ts := hs.tierList()[ti]
 	old := ts.tab.Load()
-	remap := make([]uint32, len(old.slots))
-	kept := 0
-	for i := range old.slots {
-		if held(old.slots[i].loadMeta()) {
-			remap[i] = 1
-			kept++
-		}
-	}
-	// Unheld ancestors of held slots are gaps and the chains above them.
-	for k := range ts.gaps {
-		for j := old.find(k); j >= 0 && remap[j] == 0; j = parentOf(old.slots[j].loadMeta()) {
-			remap[j] = 1
-			kept++
-		}
-	}
+	remap, kept := ts.kept(old)
 	// nt is private until published: plain writes.
 	nt := newTable(tableSizeFor(kept + extra))
 	for i := range old.slots {

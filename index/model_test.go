@@ -230,93 +230,131 @@ func TestIndexMatchesBruteForce(t *testing.T) {
 	}
 }
 
-func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64) {
+// workload drives an index and the reference model with the same random
+// operations.
+type workload struct {
+	t       *testing.T
+	pc      propConfig
+	rng     *rand.Rand
+	u       *universe
+	models  []string
+	holders []Holder
+	ref     *brute
+	res     Result
+	// galloped counts runs compared with their galloping version.
+	galloped int
+}
+
+func newWorkload(t *testing.T, pc propConfig, seed uint64) *workload {
 	rng := rand.New(rand.NewPCG(seed, 42))
-	u := &universe{rng: rng, roots: []uint64{0, 1, chainKey(7, 7)}}
-	ix := New(Config{MaxHolderBlocks: -1})
-	ref := newBrute()
-	models := []string{"m0", "m1", "m/2@x"}[:pc.models]
-	holders := make([]Holder, pc.holders)
-	for i := range holders {
-		holders[i] = Holder{Pod: fmt.Sprintf("10.0.0.%d:8000", i%3), Rank: i / 3}
+	w := &workload{
+		t:      t,
+		pc:     pc,
+		rng:    rng,
+		u:      &universe{rng: rng, roots: []uint64{0, 1, chainKey(7, 7)}},
+		models: []string{"m0", "m1", "m/2@x"}[:pc.models],
+		ref:    newBrute(),
 	}
-	pick := func() (string, Holder, string, int) {
-		return models[rng.IntN(len(models))], holders[rng.IntN(len(holders))],
-			pc.tiers[rng.IntN(len(pc.tiers))], pc.groups[rng.IntN(len(pc.groups))]
+	for i := range pc.holders {
+		w.holders = append(w.holders, Holder{Pod: fmt.Sprintf("10.0.0.%d:8000", i%3), Rank: i / 3})
 	}
-	var res Result
-	galloped := 0
-	defer func() {
-		if pc.engineLike {
-			require.Positive(t, galloped, "no lookup galloped")
+	return w
+}
+
+// mutate applies one random write to ix and the model.
+func (w *workload) mutate(ix *Index) {
+	rng, pc, ref := w.rng, w.pc, w.ref
+	model, h := w.models[rng.IntN(len(w.models))], w.holders[rng.IntN(len(w.holders))]
+	tier, group := pc.tiers[rng.IntN(len(pc.tiers))], pc.groups[rng.IntN(len(pc.groups))]
+	p := w.u.path(1 + rng.IntN(pc.maxLen))
+	switch r := rng.IntN(84); {
+	case r < 45: // an engine storing a chain segment, usually from block 0
+		a := 0
+		if rng.IntN(3) == 0 {
+			a = rng.IntN(len(p))
 		}
-	}()
-	for op := range pc.ops {
-		model, h, tier, group := pick()
-		p := u.path(1 + rng.IntN(pc.maxLen))
-		switch r := rng.IntN(100); {
-		case r < 45: // an engine storing a chain segment, usually from block 0
-			a := 0
+		seg := p[a:]
+		hasParent := a > 0 && (pc.engineLike || rng.IntN(4) != 0) // else a token-less store
+		var parent uint64
+		if a > 0 {
+			parent = p[a-1]
+		}
+		ix.Store(model, h, tier, group, parent, hasParent, seg)
+		ref.store(model, h, tier, group, seg)
+	case r < 65 || pc.engineLike && r < 80: // evicting a tail, as engines do
+		a := rng.IntN(len(p))
+		ix.Remove(model, h, tier, group, p[a:])
+		ref.remove(model, h, tier, group, p[a:])
+	case r < 80: // evicting scattered blocks: holes
+		var ks []uint64
+		for _, k := range p {
 			if rng.IntN(3) == 0 {
-				a = rng.IntN(len(p))
+				ks = append(ks, k)
 			}
-			seg := p[a:]
-			hasParent := a > 0 && (pc.engineLike || rng.IntN(4) != 0) // else a token-less store
-			var parent uint64
-			if a > 0 {
-				parent = p[a-1]
-			}
-			ix.Store(model, h, tier, group, parent, hasParent, seg)
-			ref.store(model, h, tier, group, seg)
-		case r < 65 || pc.engineLike && r < 80: // evicting a tail, as engines do
-			a := rng.IntN(len(p))
-			ix.Remove(model, h, tier, group, p[a:])
-			ref.remove(model, h, tier, group, p[a:])
-		case r < 80: // evicting scattered blocks: holes
-			var ks []uint64
-			for _, k := range p {
-				if rng.IntN(3) == 0 {
-					ks = append(ks, k)
-				}
-			}
-			ix.Remove(model, h, tier, group, ks)
-			ref.remove(model, h, tier, group, ks)
-		case r < 83:
-			if rng.IntN(2) == 0 {
-				tier = ""
-			}
-			ix.ClearHolder(model, h, tier)
-			ref.clear(model, h, tier)
-		case r < 84:
-			ix.RemoveHolder(h)
-			ref.removeHolder(h)
-		default:
-			for range 3 {
-				q := u.path(1 + rng.IntN(pc.maxLen))
-				if rng.IntN(5) == 0 {
-					q = append(q, chainKey(q[len(q)-1], 99))
-				}
-				ix.Lookup(model, q, &res)
-				require.Equal(t, ref.lookup(model, q), hitsByHolder(&res), "op %d lookup", op)
-				start := rng.IntN(len(q) + 1)
-				var names []string
-				if rng.IntN(2) == 0 {
-					names = []string{pc.tiers[rng.IntN(len(pc.tiers))]}
-				}
-				require.Equal(t, ref.run(model, h, q, start, names), ix.Run(model, h, q, start, names), "op %d run from %d in %v", op, start, names)
-				k := q[rng.IntN(len(q))]
-				require.ElementsMatch(t, ref.holders(model, k), ix.Holders(model, k, nil), "op %d holders", op)
-				galloped += checkGallop(t, ix, model, q, start)
-			}
+		}
+		ix.Remove(model, h, tier, group, ks)
+		ref.remove(model, h, tier, group, ks)
+	case r < 83:
+		if rng.IntN(2) == 0 {
+			tier = ""
+		}
+		ix.ClearHolder(model, h, tier)
+		ref.clear(model, h, tier)
+	default:
+		ix.RemoveHolder(h)
+		ref.removeHolder(h)
+	}
+}
+
+// check compares a few random lookups, runs and holder lists of ix with the
+// model's.
+func (w *workload) check(ix *Index, op int) {
+	t, rng, ref := w.t, w.rng, w.ref
+	for range 3 {
+		model, h := w.models[rng.IntN(len(w.models))], w.holders[rng.IntN(len(w.holders))]
+		q := w.u.path(1 + rng.IntN(w.pc.maxLen))
+		if rng.IntN(5) == 0 {
+			q = append(q, chainKey(q[len(q)-1], 99))
+		}
+		ix.Lookup(model, q, &w.res)
+		require.Equal(t, ref.lookup(model, q), hitsByHolder(&w.res), "op %d lookup", op)
+		start := rng.IntN(len(q) + 1)
+		var names []string
+		if rng.IntN(2) == 0 {
+			names = []string{w.pc.tiers[rng.IntN(len(w.pc.tiers))]}
+		}
+		require.Equal(t, ref.run(model, h, q, start, names), ix.Run(model, h, q, start, names), "op %d run from %d in %v", op, start, names)
+		k := q[rng.IntN(len(q))]
+		require.ElementsMatch(t, ref.holders(model, k), ix.Holders(model, k, nil), "op %d holders", op)
+		w.galloped += checkGallop(t, ix, model, q, start)
+	}
+}
+
+// checkCounts compares the holdings counts of ix with the model's.
+func (w *workload) checkCounts(ix *Index, op int) {
+	require.Equal(w.t, w.ref.total(), ix.Stats().HolderBlocks, "op %d total", op)
+	for _, m := range w.models {
+		for _, h := range w.holders {
+			require.Equal(w.t, w.ref.blocks(m, h), ix.HolderBlocks(m, h), "op %d blocks %s %v", op, m, h)
+		}
+	}
+}
+
+func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64) {
+	w := newWorkload(t, pc, seed)
+	ix := New(Config{MaxHolderBlocks: -1})
+	for op := range pc.ops {
+		if w.rng.IntN(100) < 84 {
+			w.mutate(ix)
+		} else {
+			w.check(ix, op)
 		}
 		if op%50 == 0 {
-			require.Equal(t, ref.total(), ix.Stats().HolderBlocks, "op %d total", op)
-			for _, m := range models {
-				for _, h := range holders {
-					require.Equal(t, ref.blocks(m, h), ix.HolderBlocks(m, h), "op %d blocks %s %v", op, m, h)
-				}
-			}
+			w.checkCounts(ix, op)
 		}
+	}
+	if pc.engineLike {
+		require.Positive(t, w.galloped, "no lookup galloped")
 	}
 }
 

@@ -1,0 +1,588 @@
+package index
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/puzpuzpuz/xsync/v4"
+)
+
+// Snapshot errors. Every error LoadFile returns for a file's content wraps
+// ErrBadSnapshot; one from a newer or older format also wraps
+// ErrSnapshotVersion.
+var (
+	ErrBadSnapshot     = errors.New("index: bad snapshot")
+	ErrSnapshotVersion = errors.New("index: unsupported snapshot version")
+)
+
+// The file is a header, a body and a trailer:
+//
+//	header   magic "KVSIDX\r\n", version uint32
+//	body     capacity overrides, last sequence numbers, then per model, per
+//	         holder, per tier: its slots (key, groups, depth, anchor) and
+//	         the holder's eviction order
+//	trailer  body length uint64, CRC-32C of header and body uint32, "KEND"
+//
+// Integers are little-endian or varints. Children counts and gaps are not
+// stored: they follow from the slots and are rebuilt on load.
+const (
+	snapMagic       = "KVSIDX\r\n"
+	snapEnd         = "KEND"
+	snapVersion     = 1
+	snapHeaderSize  = len(snapMagic) + 4
+	snapTrailerSize = 8 + 4 + len(snapEnd)
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// SaveFile writes the index and seqs, the last event sequence number applied
+// per holder, to path atomically: a temporary file in the same directory,
+// synced, then renamed over path. Each holder is saved consistently; read
+// seqs before calling SaveFile, so that a replay from them re-applies
+// anything the snapshot may already hold (stores and removals are
+// idempotent). Readers and other holders' writers proceed meanwhile.
+func (ix *Index) SaveFile(path string, seqs map[Holder]uint64) (err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("index: save snapshot: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	crc := crc32.New(crcTable)
+	bw := bufio.NewWriterSize(f, 1<<20)
+	e := &encoder{w: io.MultiWriter(bw, crc)}
+	e.raw([]byte(snapMagic))
+	e.u32(snapVersion)
+	body := e.n
+	ix.encode(e, seqs)
+	if e.err != nil {
+		return fmt.Errorf("index: save snapshot: %w", e.err)
+	}
+	bodyLen := e.n - body
+	sum := crc.Sum32()
+	e.w = bw
+	e.u64(uint64(bodyLen))
+	e.u32(sum)
+	e.raw([]byte(snapEnd))
+	if e.err == nil {
+		e.err = bw.Flush()
+	}
+	if e.err == nil {
+		e.err = f.Sync()
+	}
+	if e.err != nil {
+		return fmt.Errorf("index: save snapshot: %w", e.err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("index: save snapshot: %w", err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("index: save snapshot: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+func (ix *Index) encode(e *encoder, seqs map[Holder]uint64) {
+	caps := xsync.ToPlainMap(ix.caps)
+	e.uvarint(uint64(len(caps)))
+	for _, h := range sortedHolders(caps) {
+		e.holder(h)
+		e.varint(caps[h])
+	}
+	e.uvarint(uint64(len(seqs)))
+	for _, h := range sortedHolders(seqs) {
+		e.holder(h)
+		e.uvarint(seqs[h])
+	}
+	models := make(map[string]*modelState)
+	ix.models.Range(func(name string, ms *modelState) bool {
+		models[name] = ms
+		return true
+	})
+	names := make([]string, 0, len(models))
+	for name := range models {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	e.uvarint(uint64(len(names)))
+	for _, name := range names {
+		e.str(name)
+		list := *models[name].list.Load()
+		e.uvarint(uint64(len(list)))
+		for _, hs := range list {
+			hs.mu.Lock()
+			hs.encode(e)
+			hs.mu.Unlock()
+		}
+	}
+}
+
+// encode writes the holder; a holder removed meanwhile is written empty.
+func (hs *holderState) encode(e *encoder) {
+	e.holder(hs.h)
+	tiers := hs.tierList()
+	if hs.dead {
+		tiers = nil
+	}
+	e.uvarint(uint64(len(tiers)))
+	saved := make([][]uint32, len(tiers))
+	for ti, ts := range tiers {
+		t := ts.tab.Load()
+		marks, n := ts.kept(t)
+		// marks become saved indices + 1.
+		next := uint32(0)
+		for i := range marks {
+			if marks[i] != 0 {
+				next++
+				marks[i] = next
+			}
+		}
+		saved[ti] = marks
+		e.str(ts.name)
+		e.uvarint(uint64(n))
+		for i := range t.slots {
+			if marks[i] == 0 {
+				continue
+			}
+			s := &t.slots[i]
+			m := s.loadMeta()
+			e.u64(s.loadKey())
+			e.raw([]byte{byte(m & metaGroups)})
+			e.uvarint(uint64(depthOf(m)))
+			p := parentOf(m)
+			if p < 0 {
+				e.uvarint(0)
+			} else {
+				e.uvarint(uint64(marks[p]))
+			}
+			if m&metaExtGroup != 0 {
+				gs := ts.ext[s.loadKey()]
+				e.uvarint(uint64(len(gs)))
+				for _, g := range gs {
+					e.varint(int64(g))
+				}
+			}
+		}
+	}
+	if hs.dead {
+		e.uvarint(0)
+		return
+	}
+	hs.compact(-1, nil)
+	e.uvarint(uint64(len(hs.fifoSlot)))
+	for r := range hs.fifoSlot {
+		ti := hs.fifoTier[r]
+		e.raw([]byte{ti})
+		e.uvarint(uint64(saved[ti][hs.fifoSlot[r]] - 1))
+	}
+}
+
+func sortedHolders[V any](m map[Holder]V) []Holder {
+	hs := make([]Holder, 0, len(m))
+	for h := range m {
+		hs = append(hs, h)
+	}
+	slices.SortFunc(hs, func(a, b Holder) int {
+		if a.Pod != b.Pod {
+			if a.Pod < b.Pod {
+				return -1
+			}
+			return 1
+		}
+		return a.Rank - b.Rank
+	})
+	return hs
+}
+
+type encoder struct {
+	w   io.Writer
+	n   int
+	err error
+	buf [binary.MaxVarintLen64]byte
+}
+
+func (e *encoder) raw(b []byte) {
+	if e.err != nil {
+		return
+	}
+	n, err := e.w.Write(b)
+	e.n += n
+	e.err = err
+}
+
+func (e *encoder) u32(v uint32) { e.raw(binary.LittleEndian.AppendUint32(e.buf[:0], v)) }
+func (e *encoder) u64(v uint64) { e.raw(binary.LittleEndian.AppendUint64(e.buf[:0], v)) }
+func (e *encoder) uvarint(v uint64) {
+	e.raw(binary.AppendUvarint(e.buf[:0], v))
+}
+func (e *encoder) varint(v int64) { e.raw(binary.AppendVarint(e.buf[:0], v)) }
+func (e *encoder) str(s string) {
+	e.uvarint(uint64(len(s)))
+	e.raw([]byte(s))
+}
+func (e *encoder) holder(h Holder) {
+	e.str(h.Pod)
+	e.varint(int64(h.Rank))
+}
+
+// LoadFile reads a snapshot written by SaveFile into a new index configured
+// by cfg, and returns it with the saved sequence numbers. A file that is
+// truncated, corrupt, foreign or of another version yields an error
+// wrapping ErrBadSnapshot and no index.
+func LoadFile(path string, cfg Config) (*Index, map[Holder]uint64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("index: load snapshot: %w", err)
+	}
+	ix, seqs, err := load(data, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("index: load snapshot %s: %w", path, err)
+	}
+	return ix, seqs, nil
+}
+
+func load(data []byte, cfg Config) (*Index, map[Holder]uint64, error) {
+	if len(data) < len(snapMagic) || string(data[:len(snapMagic)]) != snapMagic {
+		return nil, nil, fmt.Errorf("%w: not an index snapshot", ErrBadSnapshot)
+	}
+	if len(data) < snapHeaderSize {
+		return nil, nil, fmt.Errorf("%w: truncated header", ErrBadSnapshot)
+	}
+	if v := binary.LittleEndian.Uint32(data[len(snapMagic):]); v != snapVersion {
+		return nil, nil, fmt.Errorf("%w: %w %d (this build reads %d)", ErrBadSnapshot, ErrSnapshotVersion, v, snapVersion)
+	}
+	if len(data) < snapHeaderSize+snapTrailerSize {
+		return nil, nil, fmt.Errorf("%w: truncated", ErrBadSnapshot)
+	}
+	trailer := data[len(data)-snapTrailerSize:]
+	if string(trailer[12:]) != snapEnd {
+		return nil, nil, fmt.Errorf("%w: truncated (no end marker)", ErrBadSnapshot)
+	}
+	body := data[snapHeaderSize : len(data)-snapTrailerSize]
+	if n := binary.LittleEndian.Uint64(trailer); n != uint64(len(body)) {
+		return nil, nil, fmt.Errorf("%w: body is %d bytes, trailer says %d", ErrBadSnapshot, len(body), n)
+	}
+	if sum := crc32.Checksum(data[:len(data)-snapTrailerSize], crcTable); sum != binary.LittleEndian.Uint32(trailer[8:]) {
+		return nil, nil, fmt.Errorf("%w: checksum mismatch", ErrBadSnapshot)
+	}
+	d := &decoder{b: body}
+	ix, seqs := decodeIndex(d, cfg)
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrBadSnapshot, d.err)
+	}
+	return ix, seqs, nil
+}
+
+func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
+	ix := New(cfg)
+	for range d.count(2) {
+		h := d.holder()
+		ix.caps.Store(h, d.varint())
+	}
+	seqs := make(map[Holder]uint64)
+	for range d.count(2) {
+		h := d.holder()
+		seqs[h] = d.uvarint()
+	}
+	for range d.count(2) {
+		name := d.str()
+		if d.err != nil {
+			break
+		}
+		if _, ok := ix.models.Load(name); ok {
+			d.fail("model %q twice", name)
+			break
+		}
+		ms := ix.model(name, true)
+		for range d.count(3) {
+			hs := decodeHolder(d, ix)
+			if d.err != nil {
+				break
+			}
+			if _, ok := ms.holders.Load(hs.h); ok {
+				d.fail("holder %v of model %q twice", hs.h, name)
+				break
+			}
+			ms.holders.Store(hs.h, hs)
+			next := append(*ms.list.Load(), hs)
+			ms.list.Store(&next)
+			ix.total.Add(hs.live.Load())
+		}
+	}
+	if d.err != nil {
+		return nil, nil
+	}
+	// Limits may be lower than when the snapshot was taken.
+	ix.models.Range(func(name string, ms *modelState) bool {
+		for _, hs := range *ms.list.Load() {
+			hs.mu.Lock()
+			ix.enforce(name, hs)
+			hs.publish()
+			hs.mu.Unlock()
+		}
+		return true
+	})
+	return ix, seqs
+}
+
+type savedSlot struct {
+	key    uint64
+	groups uint64
+	depth  int
+	parent int
+	ext    []int
+}
+
+func decodeHolder(d *decoder, ix *Index) *holderState {
+	h := d.holder()
+	hs := newHolderState(h, ix.capacityOf(h))
+	nt := d.count(2)
+	if nt > maxTiers {
+		d.fail("holder %v has %d tiers", h, nt)
+		return hs
+	}
+	var live int64
+	slotOf := make([][]uint32, 0, nt)
+	for range nt {
+		name := d.str()
+		if name == "" {
+			d.fail("holder %v has an unnamed tier", h)
+		}
+		if d.err != nil {
+			return hs
+		}
+		if _, ts := hs.tier(name, false); ts != nil {
+			d.fail("holder %v has tier %q twice", h, name)
+			return hs
+		}
+		_, ts := hs.tier(name, true)
+		n := d.count(11)
+		slots := make([]savedSlot, 0, n)
+		for i := range n {
+			s := savedSlot{key: d.u64(), groups: uint64(d.byte()), depth: int(d.uvarint()), parent: int(d.uvarint()) - 1}
+			if s.groups&metaExtGroup != 0 {
+				for range d.count(1) {
+					g := int(d.varint())
+					if groupBit(g) != metaExtGroup || slices.Contains(s.ext, g) {
+						d.fail("holder %v tier %q: bad group %d", h, name, g)
+					}
+					s.ext = append(s.ext, g)
+				}
+				if len(s.ext) == 0 {
+					d.fail("holder %v tier %q: group list missing", h, name)
+				}
+			}
+			if s.parent >= int(n) || s.parent == i {
+				d.fail("holder %v tier %q: bad anchor", h, name)
+			}
+			if d.err != nil {
+				return hs
+			}
+			slots = append(slots, s)
+		}
+		slotIdx, n2 := buildTier(d, ts, slots)
+		if d.err != nil {
+			return hs
+		}
+		live += n2
+		slotOf = append(slotOf, slotIdx)
+	}
+	tiers := hs.tierList()
+	seen := make([][]bool, len(tiers))
+	for ti := range tiers {
+		seen[ti] = make([]bool, len(slotOf[ti]))
+	}
+	for range d.count(2) {
+		ti := int(d.byte())
+		idx := d.uvarint()
+		if d.err != nil {
+			return hs
+		}
+		if ti >= len(tiers) || idx >= uint64(len(slotOf[ti])) {
+			d.fail("holder %v: eviction order names a missing block", h)
+			return hs
+		}
+		i := slotOf[ti][idx]
+		if seen[ti][idx] || !held(tiers[ti].tab.Load().slots[i].meta) {
+			d.fail("holder %v: eviction order names a block twice or an unheld one", h)
+			return hs
+		}
+		seen[ti][idx] = true
+		hs.push(ti, int(i))
+	}
+	if int64(len(hs.fifoSlot)) != live {
+		d.fail("holder %v: eviction order lists %d of %d blocks", h, len(hs.fifoSlot), live)
+	}
+	hs.live.Store(live)
+	return hs
+}
+
+// buildTier fills ts's table with slots, checks that anchors and depths are
+// consistent, and rebuilds children counts and gaps. It returns each saved
+// slot's index in the table and how many are held.
+func buildTier(d *decoder, ts *tierState, slots []savedSlot) ([]uint32, int64) {
+	t := newTable(tableSizeFor(len(slots)))
+	at := make([]uint32, len(slots))
+	children := make([]int, len(slots))
+	var live int64
+	for i, s := range slots {
+		want := 0
+		if s.parent >= 0 {
+			want = min(slots[s.parent].depth+1, metaDepthMax)
+		}
+		if s.depth != want {
+			d.fail("tier %q: depth %d, anchor says %d", ts.name, s.depth, want)
+			return nil, 0
+		}
+		if j, found := t.probe(s.key); found {
+			d.fail("tier %q: key %#x twice", ts.name, s.key)
+			return nil, 0
+		} else {
+			t.slots[j].key = s.key
+			t.slots[j].meta = metaExists
+			t.used++
+			at[i] = uint32(j)
+		}
+		if s.groups != 0 {
+			live++
+			if s.parent >= 0 {
+				children[s.parent]++
+			}
+		}
+		if len(s.ext) > 0 {
+			if ts.ext == nil {
+				ts.ext = make(map[uint64][]int)
+			}
+			ts.ext[s.key] = s.ext
+		}
+	}
+	for i, s := range slots {
+		m := metaExists | s.groups | uint64(s.depth)<<metaDepthShift
+		if s.parent >= 0 {
+			m |= uint64(at[s.parent]+1) << metaParentShift
+		}
+		c := children[i]
+		if c > metaChildMask {
+			if ts.childOver == nil {
+				ts.childOver = make(map[uint64]int)
+			}
+			ts.childOver[s.key] = c - metaChildMask
+			c = metaChildMask
+		}
+		m |= uint64(c) << metaChildShift
+		t.slots[at[i]].meta = m
+		if s.groups == 0 && children[i] > 0 {
+			if ts.gaps == nil {
+				ts.gaps = make(map[uint64]uint64)
+			}
+			ts.gaps[s.key] = uint64(s.depth)
+		}
+	}
+	ts.publishGaps(t)
+	ts.live = live
+	ts.tab.Store(t)
+	return at, live
+}
+
+// decoder reads the body; after the first error every read returns zero.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf(format, args...)
+	}
+}
+
+func (d *decoder) take(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > len(d.b) {
+		d.fail("truncated body")
+		return nil
+	}
+	b := d.b[:n]
+	d.b = d.b[n:]
+	return b
+}
+
+func (d *decoder) byte() byte {
+	if b := d.take(1); b != nil {
+		return b[0]
+	}
+	return 0
+}
+
+func (d *decoder) u64() uint64 {
+	if b := d.take(8); b != nil {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a element count, each element at least minSize bytes, so
+// that a corrupt count cannot make the loader allocate beyond the file.
+func (d *decoder) count(minSize int) int {
+	n := d.uvarint()
+	if n > uint64(len(d.b)/minSize) {
+		d.fail("count %d exceeds the file", n)
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) str() string {
+	return string(d.take(d.count(1)))
+}
+
+func (d *decoder) holder() Holder {
+	return Holder{Pod: d.str(), Rank: int(d.varint())}
+}

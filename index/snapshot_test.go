@@ -1,0 +1,188 @@
+package index
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSnapshotRoundTripAnswersAsBefore(t *testing.T) {
+	cases := []propConfig{
+		{models: 2, holders: 5, ops: 600, maxLen: 64, tiers: []string{"GPU", "CPU", "disk"}, groups: []int{0, 1, 7, -3}},
+		{models: 1, holders: 3, ops: 600, maxLen: 200, tiers: []string{"GPU", "CPU"}, groups: []int{0}, engineLike: true},
+	}
+	for ci, pc := range cases {
+		w := newWorkload(t, pc, uint64(100+ci))
+		ix := New(Config{MaxHolderBlocks: -1})
+		for range pc.ops {
+			w.mutate(ix)
+		}
+		ix.SetHolderCapacity(w.holders[0], 1<<20)
+		seqs := map[Holder]uint64{w.holders[0]: 17, w.holders[1]: 1 << 40}
+		path := filepath.Join(t.TempDir(), "index.snap")
+		require.NoError(t, ix.SaveFile(path, seqs))
+
+		loaded, gotSeqs, err := LoadFile(path, Config{MaxHolderBlocks: -1})
+		require.NoError(t, err)
+		require.Equal(t, seqs, gotSeqs)
+		require.Equal(t, int64(1<<20), loaded.capacityOf(w.holders[0]))
+		w.checkCounts(loaded, -1)
+		for op := range 100 {
+			w.check(loaded, op)
+		}
+		// The loaded index keeps working: its chains, gaps and eviction
+		// order were rebuilt, not just its answers.
+		for op := range 300 {
+			w.mutate(loaded)
+			if op%10 == 0 {
+				w.check(loaded, op)
+			}
+		}
+		w.checkCounts(loaded, -2)
+	}
+}
+
+func TestSnapshotKeepsEvictionOrder(t *testing.T) {
+	ix := New(Config{})
+	old, mid := chain(1, 6), chain(2, 6)
+	ix.Store("m", podA, TierGPU, 0, 0, false, old)
+	ix.Store("m", podA, TierCPU, 0, 0, false, mid)
+	path := filepath.Join(t.TempDir(), "s")
+	require.NoError(t, ix.SaveFile(path, nil))
+	loaded, seqs, err := LoadFile(path, Config{HolderCapacity: 8})
+	require.NoError(t, err)
+	require.Empty(t, seqs)
+	require.Equal(t, map[string]int{TierGPU: 2, TierCPU: 6}, loaded.HolderBlocks("m", podA), "a lower capacity applies on load, oldest first")
+	var res Result
+	loaded.Lookup("m", mid, &res)
+	require.Equal(t, 6, res.Holder(podA).Prefix)
+}
+
+func TestSnapshotReplacesFileAtomically(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s")
+	ix := New(Config{})
+	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 3))
+	require.NoError(t, ix.SaveFile(path, nil))
+	ix.Store("m", podB, TierGPU, 0, 0, false, chain(1, 3))
+	require.NoError(t, ix.SaveFile(path, map[Holder]uint64{podB: 4}))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "no temporary file left behind")
+	loaded, seqs, err := LoadFile(path, Config{})
+	require.NoError(t, err)
+	require.Equal(t, map[Holder]uint64{podB: 4}, seqs)
+	require.Len(t, loaded.Holders("m", chain(1, 3)[2], nil), 2)
+
+	require.Error(t, ix.SaveFile(filepath.Join(dir, "missing", "s"), nil))
+	_, _, err = LoadFile(filepath.Join(dir, "absent"), Config{})
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.NotErrorIs(t, err, ErrBadSnapshot)
+}
+
+func TestSnapshotRejectsDamagedFiles(t *testing.T) {
+	ix := New(Config{})
+	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 5))
+	ix.Store("m", podA, TierCPU, 9, chain(1, 5)[4], true, chain(chainKey(chain(1, 5)[4], 0), 3))
+	ix.Store("m2", podB, "disk", 1, 0, false, chain(2, 4))
+	path := filepath.Join(t.TempDir(), "s")
+	require.NoError(t, ix.SaveFile(path, map[Holder]uint64{podA: 3}))
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	load := func(t *testing.T, data []byte) error {
+		p := filepath.Join(t.TempDir(), "bad")
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		got, seqs, err := LoadFile(p, Config{})
+		require.Nil(t, got)
+		require.Nil(t, seqs)
+		return err
+	}
+	t.Run("every truncation", func(t *testing.T) {
+		for n := range len(good) {
+			require.ErrorIs(t, load(t, good[:n]), ErrBadSnapshot, "truncated to %d bytes", n)
+		}
+	})
+	t.Run("every flipped byte", func(t *testing.T) {
+		for i := range good {
+			bad := append([]byte(nil), good...)
+			bad[i] ^= 0x40
+			require.ErrorIs(t, load(t, bad), ErrBadSnapshot, "byte %d flipped", i)
+		}
+	})
+	t.Run("foreign file", func(t *testing.T) {
+		err := load(t, []byte("{\"not\": \"a snapshot\"}"))
+		require.ErrorIs(t, err, ErrBadSnapshot)
+		require.NotErrorIs(t, err, ErrSnapshotVersion)
+	})
+	t.Run("other version", func(t *testing.T) {
+		bad := append([]byte(nil), good...)
+		binary.LittleEndian.PutUint32(bad[len(snapMagic):], snapVersion+1)
+		err := load(t, bad)
+		require.ErrorIs(t, err, ErrBadSnapshot)
+		require.ErrorIs(t, err, ErrSnapshotVersion)
+	})
+	t.Run("resealed edits load or fail cleanly", func(t *testing.T) {
+		body := good[snapHeaderSize : len(good)-snapTrailerSize]
+		for i := range body {
+			bad := append([]byte(nil), good...)
+			bad[snapHeaderSize+i] ^= 0x01
+			reseal(bad)
+			p := filepath.Join(t.TempDir(), "edited")
+			require.NoError(t, os.WriteFile(p, bad, 0o600))
+			got, _, err := LoadFile(p, Config{})
+			if err != nil {
+				require.ErrorIs(t, err, ErrBadSnapshot, "body byte %d", i)
+				require.Nil(t, got)
+			} else {
+				require.NotNil(t, got)
+			}
+		}
+	})
+}
+
+func TestSnapshotStructuralErrorsAreBadSnapshots(t *testing.T) {
+	ix := New(Config{})
+	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 3))
+	path := filepath.Join(t.TempDir(), "s")
+	require.NoError(t, ix.SaveFile(path, nil))
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+	// Layout of this file's body: 0 caps, 0 seqs, 1 model "m", 1 holder
+	// "a:8000" rank 0, 1 tier "GPU", 3 slots of 8+1+1+1 bytes (key, groups,
+	// depth, anchor), then the eviction order.
+	slots := snapHeaderSize + 1 + 1 + 1 + 2 + 1 + (1 + 6 + 1) + 1 + 4 + 1
+	cases := []struct {
+		name string
+		edit func(b []byte)
+	}{
+		{"depth disagrees with anchor", func(b []byte) { b[slots+11+9] = 5 }},
+		{"key twice", func(b []byte) { copy(b[slots+11:slots+19], b[slots:slots+8]) }},
+		{"anchor out of range", func(b []byte) { b[slots+11+10] = 9 }},
+		{"eviction order names a missing block", func(b []byte) { b[slots+33+2] = 7 }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := append([]byte(nil), good...)
+			tc.edit(bad)
+			reseal(bad)
+			p := filepath.Join(t.TempDir(), "bad")
+			require.NoError(t, os.WriteFile(p, bad, 0o600))
+			got, _, err := LoadFile(p, Config{})
+			require.ErrorIs(t, err, ErrBadSnapshot)
+			require.Nil(t, got)
+		})
+	}
+	_, _, err = LoadFile(path, Config{})
+	require.NoError(t, err, "the unedited file loads")
+}
+
+// reseal recomputes a snapshot's checksum after an edit.
+func reseal(b []byte) {
+	sum := crc32.Checksum(b[:len(b)-snapTrailerSize], crcTable)
+	binary.LittleEndian.PutUint32(b[len(b)-snapTrailerSize+8:], sum)
+}
