@@ -19,8 +19,15 @@ const testBlockLen = 128
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// Handshakes that should succeed get slowTimeout, generous for a loaded
+// machine; tests that wait for a handshake to time out set fastTimeout.
+const (
+	slowTimeout = 5 * time.Second
+	fastTimeout = 300 * time.Millisecond
+)
+
 func testEndpoint() Endpoint {
-	return Endpoint{Host: "127.0.0.1", HandshakeTimeout: 300 * time.Millisecond, Logger: quiet}
+	return Endpoint{Host: "127.0.0.1", HandshakeTimeout: slowTimeout, Logger: quiet}
 }
 
 // testKey is the key of block i: a 32-byte digest, group 0.
@@ -118,6 +125,28 @@ func (g *gatedPlane) AddRemote(md []byte, base uint64, n, bl int) (Remote, error
 	return gatedRemote{r, g}, nil
 }
 
+// waitStarted waits for a Write to begin.
+func (g *gatedPlane) waitStarted(t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no transfer started")
+	}
+}
+
+// receive returns the next value of ch, failing the test after 5 s.
+func receive[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing received")
+		panic("unreachable")
+	}
+}
+
 type gatedRemote struct {
 	Remote
 	g *gatedPlane
@@ -213,7 +242,7 @@ func (r *rawPeer) recv(d time.Duration) (string, message, bool) {
 // expect returns the next message, which must be of type typ.
 func (r *rawPeer) expect(typ string) message {
 	r.t.Helper()
-	_, m, ok := r.recv(2 * time.Second)
+	_, m, ok := r.recv(5 * time.Second)
 	require.True(r.t, ok, "no %s", typ)
 	require.Equal(r.t, typ, m.Type)
 	return m

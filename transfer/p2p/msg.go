@@ -86,8 +86,15 @@ var required = map[string]int{
 // in the package documentation, so encodings are deterministic; strings as
 // str, keys and metadata as bin, integers in their smallest form.
 func (m *message) encode() ([]byte, error) {
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
+	size := 96 + len(m.PeerID) + len(m.AgentMetadata) + len(m.ConfigFingerprint) + len(m.HashSeed) +
+		len(m.KVRequestID) + 2*len(m.Hits) + 10*len(m.BlockIndexes)
+	for _, k := range m.Keys {
+		size += len(k) + 2
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	e := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(e)
+	e.Reset(buf)
 	str := func(k, v string) {
 		_ = e.EncodeString(k)
 		_ = e.EncodeString(v)
@@ -171,27 +178,31 @@ var fieldCount = map[string]int{
 // keys are skipped, as vLLM's untyped decoding allows; integers of any width
 // are accepted. An unknown type decodes without error so the caller can
 // warn and carry on, as vLLM does.
+//
+// Keys and agent metadata alias data, which the caller must not modify
+// afterwards.
 func decodeMessage(data []byte) (message, error) {
 	var m message
-	r := bytes.NewReader(data)
-	d := msgpack.NewDecoder(r)
-	n, err := mapLen(d, r)
+	f := frame{data: data, r: bytes.NewReader(data), d: msgpack.GetDecoder()}
+	defer msgpack.PutDecoder(f.d)
+	f.d.Reset(f.r)
+	n, err := f.mapLen()
 	if err != nil {
 		return m, err
 	}
 	var have int
 	hasType := false
 	for range n {
-		k, err := readStr(d, r)
+		k, err := f.str()
 		if err != nil {
 			return m, fmt.Errorf("map key: %w", err)
 		}
-		if err := m.decodeField(k, d, r, &have, &hasType); err != nil {
+		if err := m.decodeField(k, &f, &have, &hasType); err != nil {
 			return m, fmt.Errorf("field %q: %w", k, err)
 		}
 	}
-	if r.Len() != 0 {
-		return m, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, r.Len())
+	if f.r.Len() != 0 {
+		return m, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, f.r.Len())
 	}
 	if !hasType {
 		return m, fmt.Errorf("%w: no type", ErrMalformed)
@@ -216,79 +227,79 @@ func decodeMessage(data []byte) (message, error) {
 	return m, nil
 }
 
-func (m *message) decodeField(k string, d *msgpack.Decoder, r *bytes.Reader, have *int, hasType *bool) error {
+func (m *message) decodeField(k string, f *frame, have *int, hasType *bool) error {
 	var err error
 	switch k {
 	case "type":
-		m.Type, err = readStr(d, r)
+		m.Type, err = f.str()
 		*hasType = true
 	case "peer_id":
-		m.PeerID, err = readStr(d, r)
+		m.PeerID, err = f.str()
 		*have |= hasPeerID
 	case "agent_metadata":
-		m.AgentMetadata, err = readBin(d, r)
+		m.AgentMetadata, err = f.bin()
 		*have |= hasAgentMetadata
 	case "base_addr":
-		m.BaseAddr, err = readUint(d)
+		m.BaseAddr, err = f.uint()
 		*have |= hasBaseAddr
 	case "num_blocks":
-		m.NumBlocks, err = readUint(d)
+		m.NumBlocks, err = f.uint()
 		*have |= hasNumBlocks
 	case "block_len":
-		m.BlockLen, err = readUint(d)
+		m.BlockLen, err = f.uint()
 		*have |= hasBlockLen
 	case "config_fingerprint":
-		m.ConfigFingerprint, err = readStr(d, r)
+		m.ConfigFingerprint, err = f.str()
 		*have |= hasConfigFingerprint
 	case "hash_seed":
-		m.HashSeed, err = readStr(d, r)
+		m.HashSeed, err = f.str()
 		*have |= hasHashSeed
 	case "kv_request_id":
-		m.KVRequestID, err = readStr(d, r)
+		m.KVRequestID, err = f.str()
 		*have |= hasKVRequestID
 	case "keys":
 		var n int
-		if n, err = arrayLen(d, r); err != nil {
+		if n, err = f.arrayLen(); err != nil {
 			return err
 		}
 		m.Keys = make([][]byte, n)
 		for i := range m.Keys {
-			if m.Keys[i], err = readBin(d, r); err != nil {
+			if m.Keys[i], err = f.bin(); err != nil {
 				return fmt.Errorf("key %d: %w", i, err)
 			}
 		}
 		*have |= hasKeys
 	case "hits":
 		var n int
-		if n, err = arrayLen(d, r); err != nil {
+		if n, err = f.arrayLen(); err != nil {
 			return err
 		}
 		m.Hits = make([]bool, n)
 		for i := range m.Hits {
-			if m.Hits[i], err = readBool(d); err != nil {
+			if m.Hits[i], err = f.bool(); err != nil {
 				return fmt.Errorf("hit %d: %w", i, err)
 			}
 		}
 		*have |= hasHits
 	case "block_indexes":
 		var n int
-		if n, err = arrayLen(d, r); err != nil {
+		if n, err = f.arrayLen(); err != nil {
 			return err
 		}
 		m.BlockIndexes = make([]uint64, n)
 		for i := range m.BlockIndexes {
-			if m.BlockIndexes[i], err = readUint(d); err != nil {
+			if m.BlockIndexes[i], err = f.uint(); err != nil {
 				return fmt.Errorf("block index %d: %w", i, err)
 			}
 		}
 		*have |= hasBlockIndexes
 	case "round_seq":
-		m.RoundSeq, err = readUint(d)
+		m.RoundSeq, err = f.uint()
 	case "success":
-		m.Success, err = readBool(d)
+		m.Success, err = f.bool()
 		*have |= hasSuccess
 	default:
-		err = d.Skip()
+		err = f.d.Skip()
 		if err != nil {
 			err = fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
@@ -312,106 +323,114 @@ func fieldNames(bits int) string {
 	return s
 }
 
-func peek(d *msgpack.Decoder) (byte, error) {
-	c, err := d.PeekCode()
+// frame is a message being decoded: the decoder reads r, a reader over
+// data, so payloads can be sliced out of data instead of copied.
+type frame struct {
+	data []byte
+	r    *bytes.Reader
+	d    *msgpack.Decoder
+}
+
+func (f *frame) peek() (byte, error) {
+	c, err := f.d.PeekCode()
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	return c, nil
 }
 
-func mapLen(d *msgpack.Decoder, r *bytes.Reader) (int, error) {
-	c, err := peek(d)
+func (f *frame) mapLen() (int, error) {
+	c, err := f.peek()
 	if err != nil {
 		return 0, err
 	}
 	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
 		return 0, fmt.Errorf("%w: not a map (code 0x%02x)", ErrMalformed, c)
 	}
-	n, err := d.DecodeMapLen()
+	n, err := f.d.DecodeMapLen()
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	// Each entry takes at least two bytes: refuse lengths the frame cannot hold.
-	if n > r.Len()/2 {
-		return 0, fmt.Errorf("%w: map of %d entries in %d bytes", ErrMalformed, n, r.Len())
+	if n > f.r.Len()/2 {
+		return 0, fmt.Errorf("%w: map of %d entries in %d bytes", ErrMalformed, n, f.r.Len())
 	}
 	return n, nil
 }
 
-func arrayLen(d *msgpack.Decoder, r *bytes.Reader) (int, error) {
-	c, err := peek(d)
+func (f *frame) arrayLen() (int, error) {
+	c, err := f.peek()
 	if err != nil {
 		return 0, err
 	}
 	if !msgpcode.IsFixedArray(c) && c != msgpcode.Array16 && c != msgpcode.Array32 {
 		return 0, fmt.Errorf("%w: not an array (code 0x%02x)", ErrMalformed, c)
 	}
-	n, err := d.DecodeArrayLen()
+	n, err := f.d.DecodeArrayLen()
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	if n > r.Len() {
-		return 0, fmt.Errorf("%w: array of %d items in %d bytes", ErrMalformed, n, r.Len())
+	if n > f.r.Len() {
+		return 0, fmt.Errorf("%w: array of %d items in %d bytes", ErrMalformed, n, f.r.Len())
 	}
 	return n, nil
 }
 
-func readStr(d *msgpack.Decoder, r *bytes.Reader) (string, error) {
-	c, err := peek(d)
+func (f *frame) str() (string, error) {
+	c, err := f.peek()
 	if err != nil {
 		return "", err
 	}
 	if !msgpcode.IsFixedString(c) && c != msgpcode.Str8 && c != msgpcode.Str16 && c != msgpcode.Str32 {
 		return "", fmt.Errorf("%w: not a str (code 0x%02x)", ErrMalformed, c)
 	}
-	b, err := readRaw(d, r)
+	b, err := f.raw()
 	return string(b), err
 }
 
-func readBin(d *msgpack.Decoder, r *bytes.Reader) ([]byte, error) {
-	c, err := peek(d)
+func (f *frame) bin() ([]byte, error) {
+	c, err := f.peek()
 	if err != nil {
 		return nil, err
 	}
 	if c != msgpcode.Bin8 && c != msgpcode.Bin16 && c != msgpcode.Bin32 {
 		return nil, fmt.Errorf("%w: not a bin (code 0x%02x)", ErrMalformed, c)
 	}
-	return readRaw(d, r)
+	return f.raw()
 }
 
-// readRaw reads a str or bin payload, refusing lengths past the frame's end
-// before allocating.
-func readRaw(d *msgpack.Decoder, r *bytes.Reader) ([]byte, error) {
-	n, err := d.DecodeBytesLen()
+// raw returns a str or bin payload as a slice of the frame (no copy),
+// refusing lengths past the frame's end.
+func (f *frame) raw() ([]byte, error) {
+	n, err := f.d.DecodeBytesLen()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	if n < 0 || n > r.Len() {
-		return nil, fmt.Errorf("%w: %d bytes declared, %d left", ErrMalformed, n, r.Len())
+	if n < 0 || n > f.r.Len() {
+		return nil, fmt.Errorf("%w: %d bytes declared, %d left", ErrMalformed, n, f.r.Len())
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
+	off := len(f.data) - f.r.Len()
+	if _, err := f.r.Seek(int64(n), io.SeekCurrent); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	return b, nil
+	return f.data[off : off+n : off+n], nil
 }
 
-func readUint(d *msgpack.Decoder) (uint64, error) {
-	c, err := peek(d)
+func (f *frame) uint() (uint64, error) {
+	c, err := f.peek()
 	if err != nil {
 		return 0, err
 	}
 	switch {
 	case msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh,
 		c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32, c == msgpcode.Uint64:
-		v, err := d.DecodeUint64()
+		v, err := f.d.DecodeUint64()
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
 		return v, nil
 	case c == msgpcode.Int8, c == msgpcode.Int16, c == msgpcode.Int32, c == msgpcode.Int64, msgpcode.IsFixedNum(c):
-		v, err := d.DecodeInt64()
+		v, err := f.d.DecodeInt64()
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
@@ -423,15 +442,15 @@ func readUint(d *msgpack.Decoder) (uint64, error) {
 	return 0, fmt.Errorf("%w: not an integer (code 0x%02x)", ErrMalformed, c)
 }
 
-func readBool(d *msgpack.Decoder) (bool, error) {
-	c, err := peek(d)
+func (f *frame) bool() (bool, error) {
+	c, err := f.peek()
 	if err != nil {
 		return false, err
 	}
 	if c != msgpcode.True && c != msgpcode.False {
 		return false, fmt.Errorf("%w: not a bool (code 0x%02x)", ErrMalformed, c)
 	}
-	v, err := d.DecodeBool()
+	v, err := f.d.DecodeBool()
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}

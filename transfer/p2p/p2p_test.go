@@ -156,12 +156,18 @@ func TestMismatchedConnectFailsTheHandshake(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, fixtureOpts{producer: tt.producer, client: tt.client, skipConnect: true})
+			client := func(c *ClientConfig) {
+				c.HandshakeTimeout = fastTimeout
+				if tt.client != nil {
+					tt.client(c)
+				}
+			}
+			f := newFixture(t, fixtureOpts{producer: tt.producer, client: client, skipConnect: true})
 			start := time.Now()
 			_, err := f.client.Connect(context.Background(), f.prod.ID())
 			require.ErrorIs(t, err, transfer.ErrHandshake)
 			if tt.slow {
-				require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "rejection is silence until the timeout")
+				require.GreaterOrEqual(t, time.Since(start), fastTimeout, "rejection is silence until the timeout")
 			}
 			require.Eventually(t, func() bool { return f.prod.Stats().Rejected == 1 }, time.Second, 5*time.Millisecond)
 			require.Zero(t, f.prod.Stats().Sessions)
@@ -187,7 +193,7 @@ func TestFingerprintIsComparedOnlyWhenBothAreSet(t *testing.T) {
 }
 
 func TestConnectToNothingIsUnreachable(t *testing.T) {
-	f := newFixture(t, fixtureOpts{skipConnect: true})
+	f := newFixture(t, fixtureOpts{skipConnect: true, client: func(c *ClientConfig) { c.HandshakeTimeout = fastTimeout }})
 	addr := f.prod.ID()
 	require.NoError(t, f.prod.Close())
 	_, err := f.client.Connect(context.Background(), addr)
@@ -215,9 +221,9 @@ func TestAbortStopsAnInFlightFetch(t *testing.T) {
 		_, err := f.session.Fetch(ctx, keys, []int{0, 1})
 		done <- err
 	}()
-	<-plane.started
+	plane.waitStarted(t)
 	require.NoError(t, f.session.Abort(ctx))
-	require.ErrorIs(t, <-done, transfer.ErrAborted)
+	require.ErrorIs(t, receive(t, done), transfer.ErrAborted)
 	require.Equal(t, make([]byte, 2*testBlockLen), f.dst[:2*testBlockLen], "the aborted write never happened")
 	require.Equal(t, uint64(1), f.prod.Stats().Aborts)
 	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
@@ -264,7 +270,7 @@ func TestProducerClosingMidFetchLosesThePeer(t *testing.T) {
 		_, err := f.session.Fetch(ctx, []transfer.Key{testKey(0)}, []int{0})
 		done <- err
 	}()
-	<-plane.started
+	plane.waitStarted(t)
 	require.NoError(t, f.prod.Close())
 	select {
 	case err := <-done:

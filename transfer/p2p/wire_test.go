@@ -27,11 +27,11 @@ func newTestClient(t *testing.T, dst int, mod func(*ClientConfig)) *Client {
 
 func TestClientSendsTheSpecifiedConnectAndTimesOutOnSilence(t *testing.T) {
 	peer := newRawPeer(t, "127.0.0.1")
-	c := newTestClient(t, 8, nil)
+	c := newTestClient(t, 8, func(c *ClientConfig) { c.HandshakeTimeout = fastTimeout })
 	start := time.Now()
 	_, err := c.Connect(context.Background(), peer.id)
 	require.ErrorIs(t, err, transfer.ErrHandshake, "the TCP connection was accepted, so the peer is reachable")
-	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(start), fastTimeout)
 
 	from, m, ok := peer.recv(time.Second)
 	require.True(t, ok)
@@ -81,7 +81,7 @@ func handshake(t *testing.T, peer *rawPeer, c *Client) transfer.Session {
 	ack := peer.expect(TypeConnectAck)
 	require.Equal(t, c.ID(), ack.PeerID, "the client answers the producer's connect")
 	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
-	r := <-done
+	r := receive(t, done)
 	require.NoError(t, r.err)
 	t.Cleanup(func() { _ = r.s.Close() })
 	return r.s
@@ -322,14 +322,18 @@ func rawConsumer(t *testing.T, p *Producer, mod func(*message)) (*rawPeer, []byt
 	return peer, mem
 }
 
-func newTestProducer(t *testing.T, stored int) (*Producer, *MemStore) {
+func newTestProducer(t *testing.T, stored int, mods ...func(*ProducerConfig)) (*Producer, *MemStore) {
 	t.Helper()
 	store, err := NewMemStore(make([]byte, 16*testBlockLen), testBlockLen)
 	require.NoError(t, err)
 	for i := range stored {
 		require.NoError(t, store.Put(testKey(i), []byte(strings.Repeat(string(rune('a'+i)), testBlockLen))))
 	}
-	p, err := NewProducer(ProducerConfig{Endpoint: testEndpoint(), Store: store, CancelDrainTimeout: 100 * time.Millisecond})
+	cfg := ProducerConfig{Endpoint: testEndpoint(), Store: store, CancelDrainTimeout: 100 * time.Millisecond}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	p, err := NewProducer(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	return p, store
@@ -383,7 +387,7 @@ func TestProducerRejectsAMismatchedConnectWithSilence(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p, _ := newTestProducer(t, 1)
 			peer, _ := rawConsumer(t, p, tt.mod)
-			deadline := time.Now().Add(300 * time.Millisecond)
+			deadline := time.Now().Add(fastTimeout)
 			for time.Now().Before(deadline) {
 				_, m, ok := peer.recv(time.Until(deadline))
 				if ok {
@@ -452,7 +456,7 @@ func TestProducerIgnoresUnknownTypesAndMessagesBeforeConnect(t *testing.T) {
 }
 
 func TestProducerReapsAConsumerThatNeverAcknowledges(t *testing.T) {
-	p, _ := newTestProducer(t, 1)
+	p, _ := newTestProducer(t, 1, func(c *ProducerConfig) { c.HandshakeTimeout = fastTimeout })
 	peer, _ := rawConsumer(t, p, nil)
 	peer.expect(TypeConnect)
 	peer.expect(TypeConnectAck)
