@@ -30,6 +30,7 @@ type servePodEndpoint struct {
 type serveConfig struct {
 	EventsBind          []string
 	EventsConnect       []servePodEndpoint
+	EventsReplay        []servePodEndpoint
 	HTTP                string
 	Algo                string
 	Seed                string
@@ -81,9 +82,10 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs := flag.NewFlagSet("kvsource serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var bind serveStringList
-	var connect serveConnectList
+	var connect, replay serveConnectList
 	fs.Var(&bind, "events-bind", "bind a SUB socket engines connect to, e.g. tcp://*:5557 (repeatable)")
 	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT] (repeatable)")
+	fs.Var(&replay, "events-replay", "replay endpoint of a pod that connects to --events-bind: POD=tcp://HOST:PORT, rank 0's; rank r's port is r higher (repeatable)")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "HTTP listen address")
 	fs.StringVar(&cfg.Algo, "algo", string(hashing.SHA256), "the engines' --prefix-caching-hash-algo")
 	fs.StringVar(&cfg.Seed, "seed", "", "the engines' PYTHONHASHSEED (default vLLM's, required for xxhash algorithms)")
@@ -94,6 +96,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
+		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
 		fmt.Fprintln(stderr, "                      [--http 127.0.0.1:8080] [--algo A] [--seed S] [--block-size N]")
 		fmt.Fprintln(stderr, "                      [--min-cached-token-delta N]")
 		fs.PrintDefaults()
@@ -106,6 +109,13 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	}
 	if cfg.MinCachedTokenDelta < 1 {
 		return cfg, fmt.Errorf("--min-cached-token-delta must be at least 1, got %d", cfg.MinCachedTokenDelta)
+	}
+	for _, r := range replay {
+		if r.Replay != "" {
+			return cfg, fmt.Errorf("--events-replay %s: want POD=tcp://HOST:PORT", r.Pod)
+		}
+		r.Replay, r.Endpoint = r.Endpoint, ""
+		cfg.EventsReplay = append(cfg.EventsReplay, r)
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	return cfg, nil

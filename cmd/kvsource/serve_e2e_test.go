@@ -136,10 +136,15 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	want.set(podC, index.TierGPU, 0, 3, true)
 	want.set(podC, index.TierCPU, 0, 12, true)
 
-	portA, portB, replayB, bindPort := serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t)
+	// Every publisher has a replay endpoint, so that a first batch sent
+	// before the service's subscription arrived is fetched, not lost. Pod
+	// C's rank 1 replays on its rank-0 port plus one.
+	portA, replayA, portB, replayB, bindPort := serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t)
+	replayC := serveFreePort(t)
 	_, base := startServe(t,
 		"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
-		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d", podA.Pod, portA),
+		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", podC.Pod, replayC-1),
+		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", podA.Pod, portA, replayA),
 		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", podB.Pod, portB, replayB),
 	)
 
@@ -152,7 +157,8 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	pubs := []pyPublisher{
 		// Pod A binds its PUB socket; the service connects (llm-d's pod
 		// discovery mode).
-		{[]string{"--endpoint", fmt.Sprintf("tcp://*:%d", portA), "--topic", topic(podA.Pod), "--warmup", "1", "--linger", "0.3"},
+		{[]string{"--endpoint", fmt.Sprintf("tcp://*:%d", portA), "--topic", topic(podA.Pod),
+			"--replay", fmt.Sprintf("tcp://*:%d", replayA), "--warmup", "1", "--linger", "2"},
 			[]map[string]any{
 				batch(0, pyStoredEvent(keys, tokens, 0, 6, "GPU", lora)),
 				batch(0, pyStoredEvent(keys, tokens, 0, 6, "CPU", lora)),
@@ -167,7 +173,8 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 				batch(0, map[string]any{"type": "BlockRemoved", "block_hashes": keys[18:20], "medium": "GPU"}),
 			}},
 		// Pod C (data-parallel rank 1) connects to the service's bind socket.
-		{[]string{"--endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), "--topic", topic(podC.Pod), "--warmup", "1", "--linger", "0.3"},
+		{[]string{"--endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), "--topic", topic(podC.Pod),
+			"--replay", fmt.Sprintf("tcp://*:%d", replayC), "--warmup", "1", "--linger", "2"},
 			[]map[string]any{
 				batch(1, pyStoredEvent(keys, tokens, 0, 3, "GPU", lora)),
 				batch(1, pyStoredEvent(keys, tokens, 0, 3, "CPU", lora), pyStoredEvent(keys, tokens, 3, 12, "CPU", lora)),

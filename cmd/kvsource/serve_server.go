@@ -60,6 +60,11 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 			return nil, fmt.Errorf("--events-connect %s: %w", pe.Pod, err)
 		}
 	}
+	for _, pe := range cfg.EventsReplay {
+		if err := s.sub.AddPod(pe.Pod, "", pe.Replay); err != nil {
+			return nil, fmt.Errorf("--events-replay %s: %w", pe.Pod, err)
+		}
+	}
 	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 {
 		log.Warn("kvsource serve: no --events-bind or --events-connect: the index changes only by snapshot")
 	}

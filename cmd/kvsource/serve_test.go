@@ -93,6 +93,7 @@ func TestServeParsesFlags(t *testing.T) {
 		"--events-connect", "10.0.0.1:8000=tcp://10.0.0.1:5557",
 		"--events-connect", "10.0.0.2:8000=tcp://10.0.0.2:5557,replay=tcp://10.0.0.2:5558",
 		"--algo", "xxhash", "--seed", "42", "--block-size", "64", "--min-cached-token-delta", "2048",
+		"--events-replay", "10.0.0.3:8000=tcp://10.0.0.3:5558",
 		"--http", ":9000",
 	}, io.Discard)
 	require.NoError(t, err)
@@ -101,6 +102,7 @@ func TestServeParsesFlags(t *testing.T) {
 		{Pod: "10.0.0.1:8000", Endpoint: "tcp://10.0.0.1:5557"},
 		{Pod: "10.0.0.2:8000", Endpoint: "tcp://10.0.0.2:5557", Replay: "tcp://10.0.0.2:5558"},
 	}, cfg.EventsConnect)
+	require.Equal(t, []servePodEndpoint{{Pod: "10.0.0.3:8000", Replay: "tcp://10.0.0.3:5558"}}, cfg.EventsReplay)
 	require.Equal(t, "xxhash", cfg.Algo)
 	require.Equal(t, "42", cfg.Seed)
 	require.Equal(t, 64, cfg.BlockSize)
@@ -111,6 +113,7 @@ func TestServeParsesFlags(t *testing.T) {
 		{"--events-connect", "tcp://10.0.0.1:5557"},
 		{"--events-connect", "pod=tcp://h:1,relay=tcp://h:2"},
 		{"--events-connect", "pod="},
+		{"--events-replay", "pod=tcp://h:1,replay=tcp://h:2"},
 		{"--min-cached-token-delta", "0"},
 		{"--block-size", "x"},
 		{"stray"},
