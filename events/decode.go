@@ -444,10 +444,51 @@ func (d *Decoder) skip(depth int) error {
 	case msgpcode.IsString(c) || msgpcode.IsBin(c):
 		_, err := d.str("value")
 		return err
+	case msgpcode.IsExt(c) || msgpcode.IsFixedExt(c):
+		return d.skipExt(c)
 	}
 	if err := d.md.Skip(); err != nil {
 		return d.wrap("value", err)
 	}
+	return nil
+}
+
+// skipExt skips an extension value in place. msgpack's own Skip reads the
+// body into the Decoder's buffer and keeps that buffer grown even when the
+// payload is shorter than the length claims, so every such payload would
+// grow a long-lived Decoder by a megabyte or more.
+func (d *Decoder) skipExt(c byte) error {
+	r := &d.r
+	n, hdr := 0, 0
+	switch c {
+	case msgpcode.FixExt1:
+		n = 1
+	case msgpcode.FixExt2:
+		n = 2
+	case msgpcode.FixExt4:
+		n = 4
+	case msgpcode.FixExt8:
+		n = 8
+	case msgpcode.FixExt16:
+		n = 16
+	case msgpcode.Ext8:
+		hdr = 1
+	case msgpcode.Ext16:
+		hdr = 2
+	case msgpcode.Ext32:
+		hdr = 4
+	}
+	if r.remaining() < 1+hdr {
+		return d.errorf("truncated msgpack reading an extension value")
+	}
+	for _, x := range r.b[r.i+1 : r.i+1+hdr] {
+		n = n<<8 | int(x)
+	}
+	// Code byte, length, type byte, body.
+	if n > r.remaining()-2-hdr {
+		return d.errorf("truncated msgpack reading an extension value")
+	}
+	r.i += 2 + hdr + n
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -187,6 +188,42 @@ func TestDecodeRejectsHostileInput(t *testing.T) {
 			require.ErrorIs(t, d.Decode(tc.payload, &b), ErrMalformed)
 		})
 	}
+}
+
+func TestDecodeSkipsExtensionValuesInUnknownFields(t *testing.T) {
+	removed := []byte{0xac, 'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd'}
+	payload := cat([]byte{0x93, 0x00, 0x91, 0x84, 0xa4, 't', 'y', 'p', 'e'}, removed,
+		[]byte{0xac}, []byte("block_hashes"), []byte{0x91, 0x07},
+		// A msgpack timestamp, as msgspec encodes a datetime.
+		[]byte{0xa2, 'a', 't', 0xd7, 0xff, 1, 2, 3, 4, 5, 6, 7, 8},
+		[]byte{0xa1, 'x', 0xc7, 0x03, 0x05, 'a', 'b', 'c'},
+		[]byte{0x00})
+	d := NewDecoder()
+	var b Batch
+	require.NoError(t, d.Decode(payload, &b))
+	require.Len(t, b.Events, 1)
+	require.Equal(t, EventBlockRemoved, b.Events[0].Type)
+	require.Equal(t, []uint64{7}, b.Events[0].BlockHashes)
+	for n := range len(payload) {
+		require.ErrorIs(t, d.Decode(payload[:n], &b), ErrMalformed, "cut at %d", n)
+	}
+}
+
+func TestDecodeOfHostileExtensionLengthsDoesNotGrowMemory(t *testing.T) {
+	// An extension value claiming 4 GiB in a field the decoder skips. Each
+	// such payload once grew the Decoder's buffer by a megabyte or more,
+	// for good.
+	payload := []byte{0x93, 0x00, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'X', 0xa1, 'z', 0xc9, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00}
+	d := NewDecoder()
+	var b Batch
+	require.ErrorIs(t, d.Decode(payload, &b), ErrMalformed)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 50 {
+		require.ErrorIs(t, d.Decode(payload, &b), ErrMalformed)
+	}
+	runtime.ReadMemStats(&after)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated by 50 decodes")
 }
 
 func mustHex(t testing.TB, s string) []byte {
