@@ -157,6 +157,13 @@ func (p *Producer) sweep() {
 			for _, s := range ss {
 				s.mu.Lock()
 				stale := !s.acked && now.Sub(s.created) > p.cfg.HandshakeTimeout
+				// A duplicate fetch after this long finds no supply and
+				// fails the round, so the record is no longer needed.
+				for rk, at := range s.fetched {
+					if now.Sub(at) > p.cfg.PinTimeout {
+						delete(s.fetched, rk)
+					}
+				}
 				for rk, r := range s.rounds {
 					if r.running == nil && now.Sub(r.pinnedAt) > p.cfg.PinTimeout {
 						p.release(r)
@@ -201,7 +208,7 @@ type peerSession struct {
 	remote     Remote
 	numBlocks  int
 	rounds     map[roundKey]*round
-	fetched    map[roundKey]bool
+	fetched    map[roundKey]time.Time // rounds already fetched, to refuse a second fetch
 	dead       bool
 }
 
@@ -275,7 +282,7 @@ func (p *Producer) onConnect(from string, m message) {
 		p.cfg.Logger.Warn("p2p producer: rejecting peer connect: identity is not host:port", "peer", from)
 		return
 	}
-	s := &peerSession{id: from, created: time.Now(), rounds: make(map[roundKey]*round), fetched: make(map[roundKey]bool)}
+	s := &peerSession{id: from, created: time.Now(), rounds: make(map[roundKey]*round), fetched: make(map[roundKey]time.Time)}
 	published := make(chan struct{})
 	d, err := p.ep.dial(from, func(ev zmq.Event) {
 		if ev == zmq.EVENT_DISCONNECTED {
@@ -419,7 +426,7 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 			break
 		}
 	}
-	if bad == nil && s.fetched[rk] {
+	if _, dup := s.fetched[rk]; bad == nil && dup {
 		bad = fmt.Errorf("%w: duplicate fetch for round %d", ErrMalformed, rk.seq)
 	}
 	if bad != nil {
@@ -429,7 +436,7 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 		p.reap(s, "bad fetch", true)
 		return
 	}
-	s.fetched[rk] = true
+	s.fetched[rk] = time.Now()
 	r := s.rounds[rk]
 	src := make([]int, len(m.Keys))
 	dst := make([]int, len(m.Keys))
