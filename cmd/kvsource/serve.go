@@ -117,6 +117,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		r.Replay, r.Endpoint = r.Endpoint, ""
 		cfg.EventsReplay = append(cfg.EventsReplay, r)
 	}
+	if cfg.InflightTTL <= 0 {
+		return cfg, fmt.Errorf("--inflight-ttl must be positive, got %v", cfg.InflightTTL)
+	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	return cfg, nil
 }

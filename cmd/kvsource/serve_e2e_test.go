@@ -341,6 +341,26 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"pull": 3, "self": 1, "below_threshold": 1}, reasons, "the cases cover these reasons")
 
+	// Pulls count against their source until done: req-1 and req-5 went
+	// to pod B, req-3 to pod C.
+	inflight := func() map[string]int {
+		var resp struct{ Pods []servePodJSON }
+		_, body := serveCall(t, "GET", base+"/v1/pods", nil)
+		require.NoError(t, json.Unmarshal(body, &resp))
+		m := map[string]int{}
+		for _, p := range resp.Pods {
+			m[p.Pod] = p.InflightPulls
+		}
+		return m
+	}
+	require.Equal(t, map[string]int{podA.Pod: 0, podB.Pod: 2, podC.Pod: 1}, inflight())
+	for _, want := range []bool{true, false} {
+		code, body := serveCall(t, "POST", base+"/v1/done", map[string]any{"request_id": "req-1"})
+		require.Equal(t, http.StatusOK, code)
+		require.JSONEq(t, fmt.Sprintf(`{"released":%v}`, want), string(body))
+	}
+	require.Equal(t, map[string]int{podA.Pod: 0, podB.Pod: 1, podC.Pod: 1}, inflight())
+
 	short := pick(map[string]any{"destination": podA.Pod, "tokens": tokens[:10]})
 	require.Equal(t, "no_holder", string(short.Reason))
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/hashing"
@@ -40,6 +41,15 @@ type serveService struct {
 	stopSub  context.CancelFunc
 	subDone  chan error
 	shutdown sync.Once
+
+	// pulls holds the pull decisions by request id until POST /v1/done
+	// releases them or the in-flight TTL passes.
+	pulls *xsync.Map[string, *serveInflightPull]
+}
+
+type serveInflightPull struct {
+	d  picker.Decision
+	at time.Time
 }
 
 func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
@@ -47,7 +57,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &serveService{cfg: cfg, log: log, hasher: h}
+	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
 	s.idx = index.New(index.Config{Logger: log})
 	s.sub, err = events.NewSubscriber(events.Config{
 		Sink: s.idx, Bind: cfg.EventsBind, Hasher: h, Logger: log,
@@ -79,6 +89,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/score", s.instrument("/v1/score", s.handleScore))
 	mux.HandleFunc("/v1/pick", s.instrument("/v1/pick", s.handlePick))
+	mux.HandleFunc("/v1/done", s.instrument("/v1/done", s.handleDone))
 	mux.HandleFunc("/v1/pods", s.instrument("/v1/pods", s.handlePods))
 	mux.HandleFunc("/healthz", s.instrument("/healthz", func(w http.ResponseWriter, _ *http.Request) error {
 		serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -100,6 +111,7 @@ func (s *serveService) Start(ctx context.Context) error {
 	s.stopSub = cancel
 	s.subDone = make(chan error, 1)
 	go func() { s.subDone <- s.sub.Run(subCtx) }()
+	go s.forgetExpiredPulls(subCtx)
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("kvsource serve: http", "err", err)
@@ -224,6 +236,11 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	}
 	s.decisions.WithLabelValues(string(d.Reason)).Inc()
 	s.pulled.Add(float64(d.Gain))
+	if d.Reason == picker.ReasonPull && req.RequestID != "" {
+		if old, loaded := s.pulls.LoadAndStore(req.RequestID, &serveInflightPull{d: d, at: time.Now()}); loaded {
+			old.d.Done()
+		}
+	}
 	resp := servePickResponse{
 		Destination: d.Destination.Pod, DestinationDPRank: d.Destination.Rank, Reason: d.Reason,
 		Blocks: d.Blocks, BlockSize: d.BlockSize, DestinationCachedBlocks: d.Cached,
@@ -275,6 +292,53 @@ func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]pick
 	return out, nil
 }
 
+type serveDoneRequest struct {
+	RequestID string `json:"request_id"`
+}
+
+// handleDone releases the pull decided for a request id, so its source no
+// longer counts it in flight. Unreleased pulls expire after --inflight-ttl.
+func (s *serveService) handleDone(w http.ResponseWriter, r *http.Request) error {
+	var req serveDoneRequest
+	if err := serveDecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if req.RequestID == "" {
+		return serveBadRequest{errors.New(`"request_id" is required`)}
+	}
+	p, ok := s.pulls.LoadAndDelete(req.RequestID)
+	if ok {
+		p.d.Done()
+	}
+	serveWriteJSON(w, http.StatusOK, map[string]bool{"released": ok})
+	return nil
+}
+
+// forgetExpiredPulls drops the decisions the picker no longer counts in
+// flight, so requests never marked done do not accumulate.
+func (s *serveService) forgetExpiredPulls(ctx context.Context) {
+	t := time.NewTicker(s.cfg.InflightTTL / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			for id, p := range s.pulls.All() {
+				if now.Sub(p.at) <= s.cfg.InflightTTL {
+					continue
+				}
+				s.pulls.Compute(id, func(cur *serveInflightPull, loaded bool) (*serveInflightPull, xsync.ComputeOp) {
+					if loaded && cur == p {
+						return nil, xsync.DeleteOp
+					}
+					return cur, xsync.CancelOp
+				})
+			}
+		}
+	}
+}
+
 func servePickerError(err error) error {
 	if errors.Is(err, picker.ErrHash) || errors.Is(err, picker.ErrNoDestination) {
 		return serveBadRequest{err}
@@ -293,6 +357,7 @@ type servePodJSON struct {
 	DecodeErrors   uint64         `json:"decode_errors"`
 	HashMismatches uint64         `json:"hash_mismatches"`
 	State          string         `json:"state"`
+	InflightPulls  int            `json:"inflight_pulls"`
 }
 
 func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error {
@@ -307,7 +372,7 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 		}
 		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: blocks,
 			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
-			HashMismatches: st.HashMismatches, State: st.State})
+			HashMismatches: st.HashMismatches, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
 	}
 	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods})
 	return nil

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
 )
 
 // serveRepoRoot returns the directory holding go.mod, above the test's.
@@ -115,6 +118,7 @@ func TestServeParsesFlags(t *testing.T) {
 		{"--events-connect", "pod="},
 		{"--events-replay", "pod=tcp://h:1,replay=tcp://h:2"},
 		{"--min-cached-token-delta", "0"},
+		{"--inflight-ttl", "0s"},
 		{"--block-size", "x"},
 		{"stray"},
 	} {
@@ -147,6 +151,7 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		{"bad multimodal item", "POST", "/v1/score", `{"model":"m","tokens":[1,2,3],"mm_items":[{"id":"img","offset":-4,"length":2}]}`, "hashing"},
 		{"GET on pick", "GET", "/v1/pick", nil, "use POST"},
 		{"POST on pods", "POST", "/v1/pods", `{}`, "use GET"},
+		{"done without request id", "POST", "/v1/done", `{}`, `"request_id" is required`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,4 +167,24 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 	code, body := serveCall(t, "GET", base+"/healthz", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"status":"ok"}`, string(body))
+}
+
+func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
+	s, base := startServe(t, "--inflight-ttl", "100ms")
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 4*16)
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	src := index.Holder{Pod: "10.0.0.2:8000"}
+	s.idx.Store("m", src, index.TierCPU, 0, 0, false, keys)
+
+	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.Equal(t, 1, s.pk.Inflight(src))
+	require.Equal(t, 1, s.pulls.Size())
+	require.Eventually(t, func() bool { return s.pulls.Size() == 0 && s.pk.Inflight(src) == 0 }, 5*time.Second, 10*time.Millisecond)
+	code, body = serveCall(t, "POST", base+"/v1/done", map[string]any{"request_id": "r"})
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"released":false}`, string(body))
 }
