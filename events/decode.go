@@ -497,6 +497,9 @@ func (d *Decoder) batch(b *Batch) error {
 	if err != nil {
 		return err
 	}
+	if isMap(c) {
+		return d.mapBatch(b)
+	}
 	if !isArray(c) {
 		return d.errorf("not an EventBatch: top level is not an array (code 0x%02x)", c)
 	}
@@ -507,7 +510,66 @@ func (d *Decoder) batch(b *Batch) error {
 	if n < 2 {
 		return d.errorf("not an EventBatch: %d elements", n)
 	}
-	c, err = d.peek("ts")
+	if err := d.ts(b); err != nil {
+		return err
+	}
+	if err := d.events(b); err != nil {
+		return err
+	}
+	if n >= 3 {
+		if err := d.rank(b); err != nil {
+			return err
+		}
+		for range n - 3 {
+			if err := d.skip(0); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// mapBatch reads an EventBatch encoded as a map by field name: vLLM's
+// EventBatch struct without msgspec's array_like, as in vLLM's main branch
+// after the events became maps. Unknown fields are skipped.
+func (d *Decoder) mapBatch(b *Batch) error {
+	n, err := d.md.DecodeMapLen()
+	if err != nil {
+		return d.wrap("batch", err)
+	}
+	if n > d.r.remaining() {
+		return d.errorf("batch map length %d exceeds the payload", n)
+	}
+	hasTS, hasEvents := false, false
+	for range n {
+		key, err := d.str("batch field name")
+		if err != nil {
+			return err
+		}
+		switch string(key) {
+		case "ts":
+			hasTS = true
+			err = d.ts(b)
+		case "events":
+			hasEvents = true
+			err = d.events(b)
+		case "data_parallel_rank":
+			err = d.rank(b)
+		default:
+			err = d.skip(1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !hasTS || !hasEvents {
+		return d.errorf("not an EventBatch: a map without ts or events")
+	}
+	return nil
+}
+
+func (d *Decoder) ts(b *Batch) error {
+	c, err := d.peek("ts")
 	if err != nil {
 		return err
 	}
@@ -517,12 +579,17 @@ func (d *Decoder) batch(b *Batch) error {
 	if b.TS, err = d.md.DecodeFloat64(); err != nil {
 		return d.wrap("ts", err)
 	}
+	return nil
+}
+
+func (d *Decoder) events(b *Batch) error {
 	ne, err := d.arrayLen("events", false, maxEvents)
 	if err != nil {
 		return err
 	}
 	// Grown one event at a time: a hostile count costs no more than the
 	// events that actually decode. Recycled events keep their slices.
+	b.Events = b.Events[:0]
 	for i := range ne {
 		if len(b.Events) < cap(b.Events) {
 			b.Events = b.Events[:i+1]
@@ -535,22 +602,23 @@ func (d *Decoder) batch(b *Batch) error {
 			return fmt.Errorf("event %d: %w", i, err)
 		}
 	}
-	if n >= 3 {
-		if !d.isNil() {
-			if b.DPRank, err = d.int("data_parallel_rank"); err != nil {
-				return err
-			}
-			if b.DPRank < 0 {
-				return d.errorf("negative data_parallel_rank %d", b.DPRank)
-			}
-			b.HasDPRank = true
-		}
-		for range n - 3 {
-			if err := d.skip(0); err != nil {
-				return err
-			}
-		}
+	return nil
+}
+
+// rank reads data_parallel_rank, which may be nil.
+func (d *Decoder) rank(b *Batch) error {
+	b.DPRank, b.HasDPRank = 0, false
+	if d.isNil() {
+		return nil
 	}
+	rank, err := d.int("data_parallel_rank")
+	if err != nil {
+		return err
+	}
+	if rank < 0 {
+		return d.errorf("negative data_parallel_rank %d", rank)
+	}
+	b.DPRank, b.HasDPRank = rank, true
 	return nil
 }
 

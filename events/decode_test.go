@@ -190,6 +190,50 @@ func TestDecodeRejectsHostileInput(t *testing.T) {
 	}
 }
 
+func TestDecodeReadsABatchEncodedAsAMap(t *testing.T) {
+	stored := map[string]any{"type": "BlockStored", "block_hashes": []uint64{1 << 63, 5}, "parent_block_hash": nil,
+		"token_ids": []uint32{1, 2, 3, 4, 5, 6, 7, 8}, "block_size": 4, "medium": "CPU"}
+	removed := map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{5}}
+	tests := []struct {
+		name  string
+		batch map[string]any
+		rank  any // nil: no rank
+		err   bool
+	}{
+		{"all fields", map[string]any{"ts": 1.5, "events": []any{stored, removed}, "data_parallel_rank": 2}, 2, false},
+		{"rank omitted as its default", map[string]any{"ts": 1.5, "events": []any{stored, removed}}, nil, false},
+		{"nil rank and an unknown field", map[string]any{"ts": 1.5, "events": []any{stored, removed}, "data_parallel_rank": nil, "locality": []int{1}}, nil, false},
+		{"without events", map[string]any{"ts": 1.5}, nil, true},
+		{"without ts", map[string]any{"events": []any{stored}}, nil, true},
+		{"events not an array", map[string]any{"ts": 1.5, "events": "x"}, nil, true},
+	}
+	d := NewDecoder()
+	var got, want Batch
+	arrayForm, err := msgpack.Marshal([]any{1.5, []any{stored, removed}})
+	require.NoError(t, err)
+	require.NoError(t, d.Decode(arrayForm, &want))
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			payload, err := msgpack.Marshal(tc.batch)
+			require.NoError(t, err)
+			err = d.Decode(payload, &got)
+			if tc.err {
+				require.ErrorIs(t, err, ErrMalformed)
+				require.Empty(t, got.Events)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.rank != nil, got.HasDPRank)
+			if tc.rank != nil {
+				require.Equal(t, tc.rank, got.DPRank)
+			}
+			// Apart from the rank, the same batch as the array form.
+			got.DPRank, got.HasDPRank = 0, false
+			require.JSONEq(t, batchJSON(t, &want), batchJSON(t, &got))
+		})
+	}
+}
+
 func TestDecodeSkipsExtensionValuesInUnknownFields(t *testing.T) {
 	removed := []byte{0xac, 'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd'}
 	payload := cat([]byte{0x93, 0x00, 0x91, 0x84, 0xa4, 't', 'y', 'p', 'e'}, removed,

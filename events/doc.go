@@ -8,7 +8,8 @@
 // where payload is a msgpack EventBatch. Decoder reads every layout vLLM has
 // used (tagged positional arrays of each field generation, tagged maps with
 // omitted defaults and unknown fields), integer or raw-digest block hashes,
-// with or without a data-parallel rank. A malformed payload is an error
+// with or without a data-parallel rank, the batch itself as an array or, as
+// vLLM's main branch encodes it, a map by field name. A malformed payload is an error
 // wrapping ErrMalformed, never a panic; an event of unknown type is skipped
 // and the rest of its batch applies. The decoder walks the payload with
 // msgpack's streaming Decoder and reads integer arrays (token ids, block
