@@ -143,29 +143,28 @@ func BenchmarkLookupUnderIngest(b *testing.B) {
 }
 
 // BenchmarkAdd measures stores per second on one goroutine, in 16-block
-// chained batches as engines report them, for 64 holders:
-//   - churn: each holder stores 256-block chains and, past 64Ki blocks,
-//     removes its oldest chain leaf first, as vLLM evicts;
-//   - evict: no removals, so the holders' 64Ki capacity evicts their oldest
-//     blocks, parents first;
-//   - evict-1Mi: the same with 1Mi-block holders, tables past the caches.
+// chained batches as engines report them:
+//   - pod: one holder with a 64Ki-block cache, storing 256-block chains
+//     and, past 64Ki blocks, removing its oldest chain leaf first, as vLLM
+//     evicts: one event worker's load;
+//   - fleet: the same for 64 holders in turn, 4Mi holdings, so that tables
+//     no longer fit in the CPU caches;
+//   - evict: 64 holders without removals, so their 64Ki capacity evicts
+//     their oldest blocks, parents first.
 func BenchmarkAdd(b *testing.B) {
 	cases := []struct {
 		name     string
+		holders  int
 		capacity int
 		remove   bool
 	}{
-		{"churn", 0, true},
-		{"evict", 1 << 16, false},
-		{"evict-1Mi", 1 << 20, false},
+		{"pod", 1, 0, true},
+		{"fleet", 64, 0, true},
+		{"evict", 64, 1 << 16, false},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			const batch, chainLen, holders = 16, 256, 64
-			limit := 1 << 16
-			if tc.capacity > 0 {
-				limit = tc.capacity
-			}
+			const batch, chainLen, limit = 16, 256, 1 << 16
 			ix := New(Config{HolderCapacity: tc.capacity, MaxHolderBlocks: -1})
 			rng := rand.New(rand.NewPCG(5, 6))
 			type holderLoad struct {
@@ -175,7 +174,7 @@ func BenchmarkAdd(b *testing.B) {
 				off    int
 				blocks int
 			}
-			hl := make([]*holderLoad, holders)
+			hl := make([]*holderLoad, tc.holders)
 			for i := range hl {
 				hl[i] = &holderLoad{h: Holder{Pod: fmt.Sprintf("10.3.0.%d:8000", i)}}
 			}
@@ -188,7 +187,7 @@ func BenchmarkAdd(b *testing.B) {
 			start := time.Now()
 			stored := 0
 			for i := 0; b.Loop(); i++ {
-				l := hl[i%holders]
+				l := hl[i%len(hl)]
 				if l.off == len(l.cur) {
 					// Pool chains are salted so that keys stay unique.
 					src := pool[next%len(pool)]
@@ -210,12 +209,17 @@ func BenchmarkAdd(b *testing.B) {
 				l.blocks += batch
 				stored += batch
 				if tc.remove && l.blocks > limit {
+					// vLLM frees a request's blocks tail first, so it evicts
+					// and reports them leaf first.
 					old := l.chains[0]
-					for j := len(old); j > 0; j -= batch {
-						ix.Remove("m", l.h, TierGPU, 0, old[j-batch:j])
+					slices.Reverse(old)
+					for j := 0; j < len(old); j += batch {
+						ix.Remove("m", l.h, TierGPU, 0, old[j:j+batch])
 					}
 					l.chains = l.chains[1:]
 					l.blocks -= len(old)
+				} else if !tc.remove && len(l.chains) > limit/chainLen+1 {
+					l.chains = l.chains[1:]
 				}
 			}
 			b.ReportMetric(float64(stored)/time.Since(start).Seconds(), "blocks/s")

@@ -327,22 +327,24 @@ func (hs *holderState) evict(n int64) int64 {
 }
 
 // maybeCompact drops FIFO entries of removed blocks once they outnumber the
-// live ones, so the FIFO stays proportional to what the holder holds.
+// live ones, and the consumed front once it outgrows the rest, so the FIFO
+// stays proportional to what the holder holds.
 func (hs *holderState) maybeCompact() {
 	pending := len(hs.fifoSlot) - hs.head
-	if pending < 1024 || int64(pending) < 2*hs.live.Load() {
-		if hs.head > 0 && hs.head == len(hs.fifoSlot) {
-			hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:0], hs.fifoTier[:0], 0
-		}
+	if pending >= 1024 && int64(pending) >= 2*hs.live.Load() {
+		hs.compact()
 		return
 	}
-	hs.compact(-1, nil)
+	if hs.head >= 1024 && hs.head >= pending {
+		n := copy(hs.fifoSlot, hs.fifoSlot[hs.head:])
+		copy(hs.fifoTier, hs.fifoTier[hs.head:])
+		hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:n], hs.fifoTier[:n], 0
+	}
 }
 
 // compact rewrites the FIFO keeping, for every held (tier, slot), its newest
-// entry. When remap is set, entries of tier rt are translated through it
-// (new slot + 1, 0 for a dropped slot) for a rehashed table.
-func (hs *holderState) compact(rt int, remap []uint32) {
+// entry.
+func (hs *holderState) compact() {
 	tiers := hs.tierList()
 	seen := make([][]uint64, len(tiers))
 	for ti, ts := range tiers {
@@ -351,12 +353,6 @@ func (hs *holderState) compact(rt int, remap []uint32) {
 	w := len(hs.fifoSlot)
 	for r := len(hs.fifoSlot) - 1; r >= hs.head; r-- {
 		ti, i := int(hs.fifoTier[r]), hs.fifoSlot[r]
-		if ti == rt {
-			if remap[i] == 0 {
-				continue
-			}
-			i = remap[i] - 1
-		}
 		t := tiers[ti].tab.Load()
 		if !held(t.slots[i].loadMeta()) || seen[ti][i/64]&(1<<(i%64)) != 0 {
 			continue
@@ -411,8 +407,14 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	ts := hs.tierList()[ti]
 	old := ts.tab.Load()
 	remap, kept := ts.kept(old)
+	size := tableSizeFor(kept + extra)
+	if kept*3 < old.used*2 {
+		// Mostly removed blocks: a holder at its steady state. Leave more
+		// room so that rebuilds come less often.
+		size = max(size, (kept+extra)*loadDen/churnNum+1)
+	}
 	// nt is private until published: plain writes.
-	nt := newTable(tableSizeFor(kept + extra))
+	nt := newTable(size)
 	for i := range old.slots {
 		if remap[i] == 0 {
 			continue
@@ -440,6 +442,24 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	ts.publishGaps(nt)
 	nt.epoch.Store(old.epoch.Load())
 	ts.tab.Store(nt)
-	hs.compact(ti, remap)
+	hs.remapFIFO(ti, remap)
 	return nt
+}
+
+// remapFIFO translates the FIFO entries of tier ti to a rebuilt table,
+// dropping those of slots the rebuild dropped.
+func (hs *holderState) remapFIFO(ti int, remap []uint32) {
+	w := 0
+	for r := hs.head; r < len(hs.fifoSlot); r++ {
+		t, i := hs.fifoTier[r], hs.fifoSlot[r]
+		if int(t) == ti {
+			if remap[i] == 0 {
+				continue
+			}
+			i = remap[i] - 1
+		}
+		hs.fifoTier[w], hs.fifoSlot[w] = t, i
+		w++
+	}
+	hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:w], hs.fifoTier[:w], 0
 }

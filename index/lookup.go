@@ -137,9 +137,11 @@ func (t *table) linear(keys []uint64, b int) int {
 // starting at a held keys[pos], keys[j] is certified when it is held at a
 // depth of at least j-pos and no gap sits between: keys being a chain, its
 // j-pos anchored ancestors are keys[pos:j], all held. Certification only
-// gets false further along a segment, so exponential then binary search
-// finds the segment's end exactly. A segment ends early where a block was
-// stored without its anchor; the next one starts right after.
+// gets false further along a segment, so a binary search finds the
+// segment's end exactly, in about log2(len(keys)) probes; it probes the
+// last key first, which settles a fully cached prompt at once. A segment
+// ends early where a block was stored without its anchor; the next one
+// starts right after.
 func (t *table) gallop(keys []uint64, b int, g int) int {
 	n := len(keys)
 	pos := b
@@ -147,26 +149,12 @@ func (t *table) gallop(keys []uint64, b int, g int) int {
 	for held(next) {
 		lo, hi := pos, n
 		var him uint64
-		for step := 1; ; step <<= 1 {
-			j := lo + step
-			if j >= hi {
-				break
-			}
+		for j := n - 1; hi-lo > 1; j = int(uint(lo+hi) >> 1) {
 			m := t.get(keys[j])
 			if t.certified(keys, pos, j, m, g) {
 				lo = j
-				continue
-			}
-			hi, him = j, m
-			break
-		}
-		for hi-lo > 1 {
-			mid := int(uint(lo+hi) >> 1)
-			m := t.get(keys[mid])
-			if t.certified(keys, pos, mid, m, g) {
-				lo = mid
 			} else {
-				hi, him = mid, m
+				hi, him = j, m
 			}
 		}
 		pos = lo + 1

@@ -184,7 +184,7 @@ func (hs *holderState) encode(e *encoder) {
 		e.uvarint(0)
 		return
 	}
-	hs.compact(-1, nil)
+	hs.compact()
 	e.uvarint(uint64(len(hs.fifoSlot)))
 	for r := range hs.fifoSlot {
 		ti := hs.fifoTier[r]

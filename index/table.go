@@ -70,9 +70,11 @@ const (
 	metaExists      = 1 << 63
 
 	minTableSize = 16
-	// Tables grow past 13/16 occupancy and are rebuilt at most 9/16 full.
+	// Tables are rebuilt past 13/16 occupancy, at most 9/16 full (6/16 when
+	// removals rather than growth filled them).
 	maxLoadNum = 13
 	rebuildNum = 9
+	churnNum   = 6
 	loadDen    = 16
 )
 
