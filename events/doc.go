@@ -36,13 +36,16 @@
 //     engine's blocks, which can cost a hit but never sends a pull for a
 //     block that is gone. GapKeep keeps them and reports the holder "stale".
 //   - A sequence number that goes backwards is an engine restart: the holder
-//     is cleared, then the batch applies. (A restarted engine whose first
+//     is cleared, the new process's earlier batches are fetched from replay
+//     when possible (a reconnecting subscriber misses the first ones), then
+//     the batch applies. (A restarted engine whose first
 //     batches are all lost until its numbers pass the old ones looks like a
 //     gap, which GapClear also clears; one that resumes exactly at the
 //     expected number cannot be told from the old process.)
 //   - A holder seen for the first time starts wherever it joins (its empty
 //     view is a subset of the engine's); earlier batches are fetched from
-//     replay when possible. Config.InitialSeqs instead resumes a router
+//     replay when possible. A replay that stops part-way leaves a gap
+//     before the first batch, which the gap policy handles. Config.InitialSeqs instead resumes a router
 //     restored from an index snapshot, treating what it missed as a gap.
 //   - A full worker queue does not block the receive loop for longer than
 //     Config.EnqueueTimeout: the message is dropped, counted, and its pod is

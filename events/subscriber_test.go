@@ -3,15 +3,18 @@ package events
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/hashing"
@@ -524,4 +527,98 @@ func TestDeadReplayEndpointFailsOnceThenBacksOff(t *testing.T) {
 	require.Equal(t, uint64(2), st.Gaps)
 	require.Equal(t, uint64(2), st.Unrecovered)
 	require.Equal(t, uint64(1), s.Stats().ReplayErrors, "the second gap skips the endpoint that just failed")
+}
+
+func TestRestartedEngineFetchesTheFirstBatchesItsSubscriberMissed(t *testing.T) {
+	t.Parallel()
+	port, rport := freePort(t), freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
+	require.NoError(t, s.AddPod("pod", "", localEP(rport)))
+	h := index.Holder{Pod: "pod"}
+	first := newPublisher(t, PublisherConfig{Endpoint: localEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@pod@m"})
+	warmUp(t, first, s, 0)
+	for range 50 {
+		publish(t, first, Batch{TS: 1, HasDPRank: true})
+	}
+	publish(t, first, stored(0, nil, 1, 2))
+	requireKeys(t, sink, "m", h, "GPU", 1, 2)
+	require.NoError(t, first.Close())
+
+	// The new process's first three batches never reach the subscriber;
+	// its replay buffer has them.
+	second := newPublisher(t, PublisherConfig{Endpoint: localEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@pod@m",
+		Drop: func(seq uint64) bool { return seq < 3 }})
+	publish(t, second, stored(0, nil, 7), stored(0, ptr(7), 8), stored(0, nil, 9))
+	warmUp(t, second, s, 0)
+	requireKeys(t, sink, "m", h, "GPU", 7, 8, 9)
+	st := statusOf(s, h)
+	require.Equal(t, uint64(1), st.Restarts)
+	require.Zero(t, st.Unrecovered)
+	require.Equal(t, "live", st.State)
+}
+
+// startStingyReplay runs a replay socket that answers every request with
+// the given batches from seq 0 on, and then never with its end marker.
+func startStingyReplay(t *testing.T, endpoint string, batches ...Batch) {
+	t.Helper()
+	router, err := zmq.NewSocket(zmq.ROUTER)
+	require.NoError(t, err)
+	require.NoError(t, router.SetLinger(0))
+	require.NoError(t, router.Bind(endpoint))
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		defer router.Close()
+		poller := zmq.NewPoller()
+		poller.Add(router, zmq.POLLIN)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			polled, err := poller.Poll(20 * time.Millisecond)
+			if err != nil || len(polled) == 0 {
+				continue
+			}
+			req, err := router.RecvMessageBytes(0)
+			if err != nil || len(req) != 3 {
+				continue
+			}
+			for i := range batches {
+				var seq [8]byte
+				binary.BigEndian.PutUint64(seq[:], uint64(i))
+				_, _ = router.SendMessage(req[0], "", seq[:], AppendBatch(nil, &batches[i], LayoutMap, 0))
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(done)
+		<-stopped
+	})
+}
+
+func TestReplayEndingPartWayThroughAJoinAppliesTheGapPolicy(t *testing.T) {
+	t.Parallel()
+	port, rport := freePort(t), freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, ReplayTimeout: 100 * time.Millisecond})
+	// Seq 0 stores block 1 and seq 1 removes it; replay sends only seq 0.
+	startStingyReplay(t, localEP(rport), stored(0, nil, 1))
+	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), Topic: "kv@pod@m",
+		Drop: func(seq uint64) bool { return seq < 2 }})
+	publish(t, p, stored(0, nil, 1),
+		Batch{TS: 1, HasDPRank: true, Events: []Event{{Type: EventBlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}}})
+	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+	h := index.Holder{Pod: "pod"}
+	require.Eventually(t, func() bool {
+		publish(t, p, stored(0, nil, 3))
+		return slices.Contains(sink.keys("m", h, "GPU"), 3)
+	}, waitLong, 50*time.Millisecond)
+	require.NotContains(t, sink.keys("m", h, "GPU"), uint64(1), "block 1 was removed in a batch replay did not send")
+	st := statusOf(s, h)
+	require.Equal(t, uint64(1), st.Unrecovered)
+	require.Equal(t, 1, sink.clearCount(h))
 }

@@ -193,13 +193,8 @@ func (w *worker) handle(m message) {
 	seq := m.seq
 	switch {
 	case !h.started:
-		// An empty holder joining a running engine: whatever it applies is
-		// a subset of the engine's blocks, so earlier sequence numbers are
-		// fetched when possible but are no gap.
 		h.started = true
-		if ep := replayFor(h.src, h.id.Rank); ep != "" && seq > 0 {
-			w.replay(h, ep, 0)
-		}
+		w.catchUp(h, seq)
 	case seq == h.next:
 	case seq > h.next:
 		w.s.c.gaps.Add(1)
@@ -218,6 +213,7 @@ func (w *worker) handle(m message) {
 		return
 	default:
 		w.restart(h, seq)
+		w.catchUp(h, seq)
 	}
 	h.liveMax = max(h.liveMax, seq)
 	if seq < h.next {
@@ -225,6 +221,29 @@ func (w *worker) handle(m message) {
 		return
 	}
 	w.apply(h, &w.batch, seq)
+}
+
+// catchUp fetches, when the pod has a replay endpoint, the batches before
+// seq of a holder that has applied none of its engine's batches yet: it
+// joined a running engine, or the engine restarted and its first messages
+// were lost (a subscriber reconnecting to a restarted engine misses some).
+// Whatever the holder applies is a subset of the engine's blocks, so what
+// replay no longer buffers is no gap; but a replay that stops part-way
+// leaves one between what it applied and seq, and the gap policy handles
+// it: a batch in it may have removed a block that replay stored.
+func (w *worker) catchUp(h *holder, seq uint64) {
+	ep := replayFor(h.src, h.id.Rank)
+	if ep == "" || seq == 0 {
+		return
+	}
+	h.next = 0
+	w.replay(h, ep, 0)
+	switch {
+	case h.next == 0:
+		h.next = seq
+	case h.next < seq:
+		w.unrecovered(h, h.next, seq-1, "replay ended early")
+	}
 }
 
 func (w *worker) decodeError(pod string, seq uint64, err error) {
