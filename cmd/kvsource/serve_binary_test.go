@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,8 +26,33 @@ import (
 type serveBinary struct {
 	cmd    *exec.Cmd
 	base   string // http://HOST:PORT
-	stderr *strings.Builder
+	stderr *serveSyncBuffer
 	done   chan error
+}
+
+// serveSyncBuffer collects a process's stderr while the test reads it.
+type serveSyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *serveSyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *serveSyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitLog waits until the process has logged text.
+func (b *serveBinary) waitLog(t *testing.T, text string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(b.stderr.String(), text) }, 10*time.Second, 10*time.Millisecond,
+		"no %q in stderr:\n%s", text, b.stderr.String())
 }
 
 // buildServeBinary builds the kvsource command into a temporary directory.
@@ -46,7 +73,7 @@ func startServeBinary(t *testing.T, bin string, args ...string) *serveBinary {
 	cmd := exec.Command(bin, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	b := &serveBinary{cmd: cmd, stderr: &strings.Builder{}, done: make(chan error, 1)}
+	b := &serveBinary{cmd: cmd, stderr: &serveSyncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = b.stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -139,5 +166,97 @@ func TestServeBinaryServesEventsAndStopsOnSIGTERM(t *testing.T) {
 	require.Equal(t, pod, *d.Source)
 	require.Equal(t, 6, d.SourceBlocks)
 	srv.stop(t)
-	require.Contains(t, srv.stderr.String(), "shutting down")
+	srv.waitLog(t, "shutting down")
+}
+
+func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
+	bin := buildServeBinary(t)
+	dir := t.TempDir()
+	snapshot := filepath.Join(dir, "index.snap")
+	bindPort, replayPort := serveFreePort(t), serveFreePort(t)
+	const pod, model = "10.0.0.7:8000", "m"
+	args := []string{"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
+		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort), "--snapshot", snapshot}
+
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 8*16)
+	for i := range tokens {
+		tokens[i] = uint32(3 * i)
+	}
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	// One engine across both service runs: its sequence numbers go on.
+	pub, err := events.NewPublisher(events.PublisherConfig{
+		Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
+		Topic: "kv@" + pod + "@" + model})
+	require.NoError(t, err)
+	defer pub.Close()
+	podState := func(base string) (servePodJSON, bool) {
+		var resp struct{ Pods []servePodJSON }
+		code, body := serveCall(t, "GET", base+"/v1/pods", nil)
+		if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 1 {
+			return servePodJSON{}, false
+		}
+		return resp.Pods[0], true
+	}
+	publishUntil := func(base string, b *events.Batch, done func(servePodJSON) bool) servePodJSON {
+		var sent time.Time
+		var st servePodJSON
+		require.Eventually(t, func() bool {
+			var ok bool
+			if st, ok = podState(base); ok && done(st) {
+				return true
+			}
+			if time.Since(sent) > 300*time.Millisecond {
+				_, err := pub.Publish(b)
+				require.NoError(t, err)
+				sent = time.Now()
+			}
+			return false
+		}, 15*time.Second, 20*time.Millisecond)
+		return st
+	}
+
+	first := startServeBinary(t, bin, args...)
+	first.waitLog(t, "no snapshot yet")
+	st := publishUntil(first.base, &events.Batch{Events: []events.Event{
+		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
+		{Type: events.EventBlockStored, BlockHashes: keys[:6], TokenIDs: tokens[:6*16], BlockSize: 16, Medium: "CPU"},
+	}}, func(p servePodJSON) bool { return p.Blocks["GPU"] == 8 && p.Blocks["CPU"] == 6 })
+	first.stop(t)
+	first.waitLog(t, "snapshot saved")
+
+	// The restarted service answers from the snapshot before any event.
+	second := startServeBinary(t, bin, args...)
+	second.waitLog(t, "snapshot loaded")
+	pick := func(base string) servePickResponse {
+		code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{
+			"model": model, "tokens": tokens, "destination": "10.0.0.8:8000", "request_id": "r"})
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		var d servePickResponse
+		require.NoError(t, json.Unmarshal(body, &d))
+		return d
+	}
+	d := pick(second.base)
+	require.Equal(t, "pull", string(d.Reason))
+	require.Equal(t, pod, *d.Source)
+	require.Equal(t, 6, d.SourceBlocks)
+
+	// The engine's next batches follow on the saved sequence number; any
+	// the restarted subscriber missed are replayed, none is a restart.
+	st2 := publishUntil(second.base, &events.Batch{Events: []events.Event{
+		{Type: events.EventBlockRemoved, BlockHashes: keys[4:6], Medium: "CPU"},
+	}}, func(p servePodJSON) bool { return p.Blocks["CPU"] == 4 })
+	require.Greater(t, st2.LastSeq, st.LastSeq)
+	require.Equal(t, 8, st2.Blocks["GPU"])
+	require.Equal(t, "live", st2.State)
+	require.Equal(t, 4, pick(second.base).SourceBlocks)
+	second.stop(t)
+
+	// A damaged snapshot stops start-up with a clear error.
+	require.NoError(t, os.WriteFile(snapshot, []byte("KVSIDX\r\n garbage"), 0o600))
+	out, err := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--snapshot", snapshot).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "bad snapshot")
 }

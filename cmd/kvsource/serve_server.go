@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -58,9 +59,12 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
-	s.idx = index.New(index.Config{Logger: log})
+	var seqs map[index.Holder]uint64
+	if s.idx, seqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
+		return nil, err
+	}
 	s.sub, err = events.NewSubscriber(events.Config{
-		Sink: s.idx, Bind: cfg.EventsBind, Hasher: h, Logger: log,
+		Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: seqs, Hasher: h, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -100,6 +104,26 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	return s, nil
 }
 
+// serveLoadSnapshot returns the snapshot's index and per-holder sequence
+// numbers, or an empty index when there is no snapshot (yet).
+func serveLoadSnapshot(path string, log *slog.Logger) (*index.Index, map[index.Holder]uint64, error) {
+	cfg := index.Config{Logger: log}
+	if path == "" {
+		return index.New(cfg), nil, nil
+	}
+	idx, seqs, err := index.LoadFile(path, cfg)
+	if errors.Is(err, os.ErrNotExist) {
+		log.Info("kvsource serve: no snapshot yet, starting empty", "snapshot", path)
+		return index.New(cfg), nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	st := idx.Stats()
+	log.Info("kvsource serve: snapshot loaded", "snapshot", path, "holders", st.Holders, "holdings", st.HolderBlocks)
+	return idx, seqs, nil
+}
+
 // Start listens on the configured address and starts receiving events.
 func (s *serveService) Start(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.cfg.HTTP)
@@ -125,8 +149,8 @@ func (s *serveService) Start(ctx context.Context) error {
 // Addr returns the address the HTTP API listens on.
 func (s *serveService) Addr() string { return s.ln.Addr().String() }
 
-// Shutdown stops accepting requests, waits for those in flight and stops
-// the subscriber.
+// Shutdown stops accepting requests, waits for those in flight, stops the
+// subscriber and saves the snapshot when one is configured.
 func (s *serveService) Shutdown(ctx context.Context) error {
 	var err error
 	s.shutdown.Do(func() {
@@ -135,8 +159,32 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 		if serr := <-s.subDone; serr != nil && !errors.Is(serr, context.Canceled) {
 			err = errors.Join(err, fmt.Errorf("events: %w", serr))
 		}
+		if s.cfg.Snapshot != "" {
+			err = errors.Join(err, s.saveSnapshot())
+		}
 	})
 	return err
+}
+
+// saveSnapshot saves the index with each holder's last applied sequence
+// number, so that a restart replays only what it missed. A stale holder's
+// entries may include blocks its engine no longer has; they are dropped
+// rather than saved as if they were exact.
+func (s *serveService) saveSnapshot() error {
+	seqs := map[index.Holder]uint64{}
+	for _, st := range s.sub.Status() {
+		if st.State == "live" {
+			seqs[st.Holder()] = st.LastSeq
+			continue
+		}
+		s.idx.ClearHolder(st.Model, st.Holder(), "")
+		s.log.Warn("kvsource serve: stale holder left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model, "last_seq", st.LastSeq)
+	}
+	if err := s.idx.SaveFile(s.cfg.Snapshot, seqs); err != nil {
+		return err
+	}
+	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs))
+	return nil
 }
 
 // instrument counts requests by path and status and turns handler errors

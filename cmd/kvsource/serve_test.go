@@ -97,7 +97,7 @@ func TestServeParsesFlags(t *testing.T) {
 		"--events-connect", "10.0.0.2:8000=tcp://10.0.0.2:5557,replay=tcp://10.0.0.2:5558",
 		"--algo", "xxhash", "--seed", "42", "--block-size", "64", "--min-cached-token-delta", "2048",
 		"--events-replay", "10.0.0.3:8000=tcp://10.0.0.3:5558",
-		"--http", ":9000",
+		"--snapshot", "/tmp/s", "--http", ":9000",
 	}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, []string{"tcp://*:5557", "tcp://127.0.0.1:5558"}, cfg.EventsBind)
@@ -110,6 +110,7 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Equal(t, "42", cfg.Seed)
 	require.Equal(t, 64, cfg.BlockSize)
 	require.Equal(t, 2048, cfg.MinCachedTokenDelta)
+	require.Equal(t, "/tmp/s", cfg.Snapshot)
 	require.Equal(t, ":9000", cfg.HTTP)
 
 	for _, bad := range [][]string{
