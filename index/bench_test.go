@@ -102,26 +102,34 @@ func BenchmarkLookupUnderIngest(b *testing.B) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		rng := rand.New(rand.NewPCG(3, 4))
+		// A ring of stored chains, reused so that the writer does not
+		// allocate: the index's own garbage is what lookups should feel.
 		type stored struct {
 			h    Holder
 			keys []uint64
 		}
-		var window []stored
-		for !stop.Load() {
-			h := f.holders[rng.IntN(len(f.holders))]
-			keys := chain(rng.Uint64(), 64)
-			f.ix.Store("m", h, TierGPU, 0, 0, false, keys)
-			window = append(window, stored{h, keys})
-			if len(window) > 512 {
-				f.ix.Remove("m", window[0].h, TierGPU, 0, window[0].keys)
-				window = window[1:]
+		ring := make([]stored, 512)
+		for i := range ring {
+			ring[i].keys = make([]uint64, 64)
+		}
+		for n := 0; !stop.Load(); n++ {
+			s := &ring[n%len(ring)]
+			if n >= len(ring) {
+				f.ix.Remove("m", s.h, TierGPU, 0, s.keys)
 			}
+			s.h = f.holders[rng.IntN(len(f.holders))]
+			k := rng.Uint64()
+			for j := range s.keys {
+				s.keys[j] = k
+				k = chainKey(k, 0)
+			}
+			f.ix.Store("m", s.h, TierGPU, 0, 0, false, s.keys)
 			// Engines evict and re-store prompt tails too.
 			i := 2 * rng.IntN(len(f.holders)/2)
 			tail := f.prompt[benchPromptBlocks-64:]
 			f.ix.Remove("m", f.holders[i], TierGPU, 0, tail)
 			f.ix.Store("m", f.holders[i], TierCPU, 0, f.prompt[benchPromptBlocks-65], true, tail)
-			writes.Add(2*64 + 64)
+			writes.Add(4 * 64)
 		}
 	})
 	var res Result

@@ -22,20 +22,24 @@
 // Answers equal those of a brute-force model that checks every block of
 // the prompt against every holding, including holdings with holes (a parent
 // removed, its child kept), blocks stored without a parent, several tiers
-// and groups. Two properties of vLLM's chained hashes are relied on: the
-// prompt passed to Lookup and Run is a chain (each key's parent block is the
-// key before it), and a block's parent is the same in every event that
-// reports it.
+// and groups. Three properties of vLLM's chained hashes are relied on: the
+// keys passed to Lookup and Run are a chain (each key's parent block is the
+// key before it), a block's parent is the same in every event that reports
+// it, and the keys of one Store are consecutive blocks. Events whose blocks
+// are not consecutive (hybrid models' groups that skip blocks) must be
+// stored one key at a time without a parent.
 //
-// Lookups are fast because engines store a block only after its parent. For
-// each holder and tier the index keeps, per block, the block's reported
-// parent and the length of the chain of reported parents above it, and
-// counts held blocks whose parent is not held. While that count is zero, a
-// held block at position j whose chain reaches back j-i blocks proves that
-// blocks i..j are all held, so a lookup gallops over the prompt, probing
-// O(log n) blocks per holder instead of n. Where the count is not zero (a
-// parent was evicted and its child kept), that holder's tier is checked
-// block by block: slower, equally exact.
+// Lookups are fast because engines store a block only after its parent.
+// For each holder and tier the index keeps, per block, the slot of its
+// reported parent and its depth, the length of the chain of reported
+// parents above it, and it lists the gaps: blocks not held whose children
+// are. A held block at position j whose chain reaches back j-i blocks,
+// with no gap at the positions their depths put them, proves blocks i..j
+// held; that proof only gets harder further along the prompt, so a binary
+// search finds each holder's prefix in about log2(n) probes instead of n.
+// A block stored without a parent starts a new run, searched the same way.
+// Where a tier has more gaps than a lookup checks (16), it is checked block
+// by block: slower, equally exact.
 //
 // # Concurrency
 //
@@ -50,14 +54,16 @@
 //
 // # Memory
 //
-// Memory is bounded by holdings, about 30 bytes per (block, tier) a holder
-// holds. Config.HolderCapacity (or SetHolderCapacity: the pod's real cache
-// size in blocks) caps one holder; Config.MaxHolderBlocks caps the total.
-// Past either, the oldest holdings are evicted (the largest holder's, for
-// the total), counted in Stats and logged at debug level, so lost removal
-// events cannot grow the index without bound. A holding removed and stored
-// again keeps its first place in that order until the holder's eviction
-// queue is next compacted.
+// Memory is bounded by holdings: a (block, tier) pair costs a 16-byte table
+// slot at 56-81% occupancy and a 5-byte eviction-queue entry, about 30
+// bytes in all. Config.HolderCapacity (or SetHolderCapacity: the pod's real
+// cache size in blocks) caps one holder; Config.MaxHolderBlocks caps the
+// total. Past either, the oldest holdings are evicted (the largest
+// holder's, for the total), counted in Stats and logged at debug level, so
+// lost removal events cannot grow the index without bound. A holding
+// removed and stored again keeps its first place in that order until the
+// holder's eviction queue is next compacted. Unheld ancestors of held
+// blocks are kept as long as those are, so that depths stay meaningful.
 //
 // # Snapshots
 //

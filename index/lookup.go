@@ -109,21 +109,29 @@ func (ix *Index) Holders(model string, key uint64, dst []Holder) []Holder {
 }
 
 // runFrom returns how many consecutive blocks from keys[b] t holds. It
-// gallops, unless t has too many gaps or a writer opened one meanwhile:
-// then it checks block by block.
+// searches by depth unless t has too many gaps; if a writer opened a gap
+// meanwhile it searches again, and after a few such tries it checks block
+// by block, so that a lookup's cost stays bounded.
 func runFrom(t *table, keys []uint64, b int) int {
 	if b >= len(keys) {
 		return 0
 	}
-	e := t.epoch.Load()
-	if g := int(t.gapN.Load()); g >= 0 {
-		n := t.gallop(keys, b, g)
+	for range searchTries {
+		e := t.epoch.Load()
+		g := int(t.gapN.Load())
+		if g < 0 {
+			break
+		}
+		n := t.search(keys, b, g)
 		if t.epoch.Load() == e {
 			return n
 		}
 	}
 	return t.linear(keys, b)
 }
+
+// searchTries bounds the searches runFrom repeats while writers open gaps.
+const searchTries = 3
 
 func (t *table) linear(keys []uint64, b int) int {
 	i := b
@@ -133,7 +141,7 @@ func (t *table) linear(keys []uint64, b int) int {
 	return i - b
 }
 
-// gallop is runFrom for a table with g listed gaps. Within a segment
+// search is runFrom for a table with g listed gaps. Within a segment
 // starting at a held keys[pos], keys[j] is certified when it is held at a
 // depth of at least j-pos and no gap sits between: keys being a chain, its
 // j-pos anchored ancestors are keys[pos:j], all held. Certification only
@@ -142,7 +150,7 @@ func (t *table) linear(keys []uint64, b int) int {
 // last key first, which settles a fully cached prompt at once. A segment
 // ends early where a block was stored without its anchor; the next one
 // starts right after.
-func (t *table) gallop(keys []uint64, b int, g int) int {
+func (t *table) search(keys []uint64, b int, g int) int {
 	n := len(keys)
 	pos := b
 	next := t.get(keys[pos])

@@ -202,7 +202,7 @@ func (u *universe) path(n int) []uint64 {
 type propConfig struct {
 	models, holders, ops, maxLen int
 	// engineLike keeps holdings prefix-closed (no scattered removals), the
-	// common case where lookups gallop.
+	// common case where lookups search by depth.
 	engineLike bool
 	tiers      []string
 	groups     []int
@@ -241,8 +241,8 @@ type workload struct {
 	holders []Holder
 	ref     *brute
 	res     Result
-	// galloped counts runs compared with their galloping version.
-	galloped int
+	// searched counts runs compared with their searched version.
+	searched int
 }
 
 func newWorkload(t *testing.T, pc propConfig, seed uint64) *workload {
@@ -326,7 +326,7 @@ func (w *workload) check(ix *Index, op int) {
 		require.Equal(t, ref.run(model, h, q, start, names), ix.Run(model, h, q, start, names), "op %d run from %d in %v", op, start, names)
 		k := q[rng.IntN(len(q))]
 		require.ElementsMatch(t, ref.holders(model, k), ix.Holders(model, k, nil), "op %d holders", op)
-		w.galloped += checkGallop(t, ix, model, q, start)
+		w.searched += checkSearch(t, ix, model, q, start)
 	}
 }
 
@@ -354,14 +354,14 @@ func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64) {
 		}
 	}
 	if pc.engineLike {
-		require.Positive(t, w.galloped, "no lookup galloped")
+		require.Positive(t, w.searched, "no lookup searched by depth")
 	}
 }
 
-// checkGallop compares, for every table of model with its gaps listed, the
-// galloping run with the block-by-block one, and returns how many it
+// checkSearch compares, for every table of model with its gaps listed, the
+// searching run with the block-by-block one, and returns how many it
 // compared.
-func checkGallop(t *testing.T, ix *Index, model string, keys []uint64, start int) int {
+func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int) int {
 	ms := ix.model(model, false)
 	if ms == nil || start >= len(keys) {
 		return 0
@@ -374,7 +374,7 @@ func checkGallop(t *testing.T, ix *Index, model string, keys []uint64, start int
 			if g < 0 {
 				continue
 			}
-			require.Equal(t, tab.linear(keys, start), tab.gallop(keys, start, g), "gallop of %v %s from %d", hs.h, ts.name, start)
+			require.Equal(t, tab.linear(keys, start), tab.search(keys, start, g), "search of %v %s from %d", hs.h, ts.name, start)
 			n++
 		}
 	}

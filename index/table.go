@@ -17,7 +17,7 @@ import (
 // held child is a gap. Without gaps, a held block at depth d has its d
 // anchored ancestors held; with a few gaps, a lookup can tell from depths
 // where on the prompt each gap would sit and check just those blocks. So a
-// lookup gallops over the prompt instead of probing every block.
+// lookup searches the prompt instead of probing every block.
 type table struct {
 	slots []slot
 	size  uint64
@@ -25,7 +25,7 @@ type table struct {
 	// than fit (lookups then check block by block).
 	gapN atomic.Int32
 	gaps [maxGaps]gap
-	// epoch grows before a gap appears, so a reader that galloped while a
+	// epoch grows before a gap appears, so a reader that searched while a
 	// writer opened one notices and checks block by block instead.
 	epoch atomic.Uint64
 	// used counts occupied slots (held, or kept as the ancestor of a held
@@ -39,7 +39,7 @@ type gap struct {
 }
 
 // maxGaps bounds the gaps a lookup checks per table before it gives up
-// galloping.
+// searching by depth.
 const maxGaps = 16
 
 // A slot's words are written with atomic stores while its table is
