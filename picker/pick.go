@@ -137,6 +137,14 @@ func (d *Decision) P2PAddress() string {
 	return host + ":" + strconv.Itoa(src.RemotePort)
 }
 
+// nonNegative returns x, or 0 when x is negative or NaN.
+func nonNegative(x float64) float64 {
+	if x > 0 {
+		return x
+	}
+	return 0
+}
+
 // podHost returns the host of a pod address "host:port", "[v6]:port" or
 // bare "host". It avoids package net, whose resolver would bring cgo in.
 func podHost(pod string) string {
@@ -200,7 +208,7 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 		if g == 0 {
 			continue
 		}
-		s.cands = append(s.cands, cand{h: h, gain: g, weight: 1 + float64(max(c.Waiting, 0)) + max(c.Load, 0)})
+		s.cands = append(s.cands, cand{h: h, gain: g, weight: 1 + float64(max(c.Waiting, 0)) + nonNegative(c.Load)})
 		d.Best = max(d.Best, g)
 	}
 	if d.Best == 0 {

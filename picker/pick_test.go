@@ -3,6 +3,7 @@ package picker
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -178,6 +179,14 @@ func TestPickWeightsSourcesByLoad(t *testing.T) {
 		d, err := p.Pick(Request{Model: model, Keys: keys, Destination: dst, Candidates: cands, Rand: constRand(tc.u)})
 		require.NoError(t, err)
 		require.Equal(t, tc.want, d.Source, "u=%v", tc.u)
+		d.Done()
+	}
+	// Negative and NaN loads count as none.
+	bad := []Candidate{{Holder: peerA, Load: math.NaN()}, {Holder: peerB, Waiting: -4, Load: -1}}
+	for _, u := range []float64{0.49, 0.51} {
+		d, err := p.Pick(Request{Model: model, Keys: keys, Destination: dst, Candidates: bad, Rand: constRand(u)})
+		require.NoError(t, err)
+		require.Equal(t, map[bool]index.Holder{true: peerA, false: peerB}[u < 0.5], d.Source, "u=%v", u)
 		d.Done()
 	}
 	r := rand.New(rand.NewPCG(1, 2))
