@@ -171,7 +171,7 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 }
 
 func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
-	s, base := startServe(t, "--inflight-ttl", "100ms")
+	s, base := startServe(t, "--inflight-ttl", "1s")
 	h, err := hashing.New(hashing.Config{})
 	require.NoError(t, err)
 	tokens := make([]uint32, 4*16)
@@ -184,7 +184,7 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Equal(t, 1, s.pk.Inflight(src))
 	require.Equal(t, 1, s.pulls.Size())
-	require.Eventually(t, func() bool { return s.pulls.Size() == 0 && s.pk.Inflight(src) == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.pulls.Size() == 0 && s.pk.Inflight(src) == 0 }, 10*time.Second, 20*time.Millisecond)
 	code, body = serveCall(t, "POST", base+"/v1/done", map[string]any{"request_id": "r"})
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"released":false}`, string(body))
