@@ -378,7 +378,7 @@ func decodeHolder(d *decoder, ix *Index) *holderState {
 		n := d.count(11)
 		slots := make([]savedSlot, 0, n)
 		for i := range n {
-			s := savedSlot{key: d.u64(), groups: uint64(d.byte()), depth: int(d.uvarint()), parent: int(d.uvarint()) - 1}
+			s := savedSlot{key: d.u64(), groups: uint64(d.byte()), depth: int(d.uvarint()), parent: int(min(d.uvarint(), uint64(n)+1)) - 1}
 			if s.groups&metaExtGroup != 0 {
 				for range d.count(1) {
 					g := int(d.varint())
@@ -391,7 +391,7 @@ func decodeHolder(d *decoder, ix *Index) *holderState {
 					d.fail("holder %v tier %q: group list missing", h, name)
 				}
 			}
-			if s.parent >= int(n) || s.parent == i {
+			if s.parent < -1 || s.parent >= int(n) || s.parent == i {
 				d.fail("holder %v tier %q: bad anchor", h, name)
 			}
 			if d.err != nil {
