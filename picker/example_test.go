@@ -1,0 +1,62 @@
+package picker_test
+
+import (
+	"fmt"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/picker"
+)
+
+func ExamplePicker_Pick() {
+	h, _ := hashing.New(hashing.Config{}) // vLLM's defaults: sha256, block size 16
+	prompt := hashing.Request{Tokens: make([]uint32, 10*16+3)}
+	keys, _ := h.BlockKeys(nil, prompt)
+
+	// What the events say: the router's choice holds the first 2 blocks, a
+	// peer has offloaded 8 to its CPU tier.
+	idx := index.New(index.Config{})
+	chosen := index.Holder{Pod: "10.0.0.1:8000"}
+	peer := index.Holder{Pod: "10.0.0.2:8000"}
+	idx.Store("llama", chosen, index.TierGPU, 0, 0, false, keys[:2])
+	idx.Store("llama", peer, index.TierCPU, 0, 0, false, keys[:8])
+
+	p, _ := picker.New(picker.Config{Index: idx, Hasher: h, MinCachedTokenDelta: 64})
+	d, _ := p.Pick(picker.Request{ID: "req-42", Model: "llama", Prompt: prompt, Destination: chosen})
+	defer d.Done()
+
+	name, value := d.Header()
+	src := d.KVTransferParams("req-42").RemoteKVSource
+	fmt.Println(d.Reason, "from", d.Source, "blocks", d.Cached, "to", d.Cached+d.Gain, "recompute", d.Recompute)
+	fmt.Println(name+":", value)
+	fmt.Println("remote_kv_source:", src.RemoteHost, src.RemotePort)
+	// Output:
+	// pull from 10.0.0.2:8000 blocks 2 to 8 recompute 2
+	// x-kv-cache-source-host-port: 10.0.0.2:8000
+	// remote_kv_source: 10.0.0.2 5710
+}
+
+func ExampleFit() {
+	// gpt-oss-120b on H200: recomputing a cold prefix against pulling it
+	// from a peer's CPU tier.
+	tokens := []int{2048, 8192, 16384, 32768, 49152}
+	recompute := []float64{78, 250, 510, 1173, 1988}
+	pull := []float64{35, 57, 86, 165, 235}
+	var rs, ps []picker.Sample
+	for i, t := range tokens {
+		rs = append(rs, picker.Sample{Tokens: t, Millis: recompute[i]})
+		ps = append(ps, picker.Sample{Tokens: t, Millis: pull[i]})
+	}
+	cal, err := picker.Fit(rs, ps, picker.DefaultMargin)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("pull floor %.0f ms, %.1f ms per 1K tokens\n", cal.Pull.Floor, cal.Pull.PerToken*1000)
+	fmt.Printf("at 8K: recompute %.0f ms, pull %.0f ms\n", cal.Recompute.At(8192), cal.Pull.At(8192))
+	fmt.Println("threshold:", cal.Threshold, "tokens")
+	// Output:
+	// pull floor 22 ms, 4.3 ms per 1K tokens
+	// at 8K: recompute 249 ms, pull 57 ms
+	// threshold: 1 tokens
+}
