@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -621,4 +622,36 @@ func TestReplayEndingPartWayThroughAJoinAppliesTheGapPolicy(t *testing.T) {
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Unrecovered)
 	require.Equal(t, 1, sink.clearCount(h))
+}
+
+func TestRunLeavesNoGoroutinesBehind(t *testing.T) {
+	before := runtime.NumGoroutine()
+	bport, cport, rport := freePort(t), freePort(t), freePort(t)
+	sink := newRecSink()
+	s, err := NewSubscriber(Config{Sink: sink, Bind: []string{localEP(bport)}, Workers: 3})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	viaBind, err := NewPublisher(PublisherConfig{Endpoint: localEP(bport), Topic: "kv@a@m"})
+	require.NoError(t, err)
+	viaConnect, err := NewPublisher(PublisherConfig{Endpoint: anyEP(cport), ReplayEndpoint: anyEP(rport), Topic: "kv@b@m"})
+	require.NoError(t, err)
+	require.NoError(t, s.AddPod("b", localEP(cport), localEP(rport)))
+	warmUp(t, viaBind, s, 0)
+	warmUp(t, viaConnect, s, 0)
+	publish(t, viaConnect, stored(0, nil, 1))
+	requireKeys(t, sink, "m", index.Holder{Pod: "b"}, "GPU", 1)
+	s.RemovePod("b")
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, viaBind.Close())
+	require.NoError(t, viaConnect.Close())
+	// Polled here rather than with require.Eventually, whose own goroutine
+	// would be counted.
+	deadline := time.Now().Add(waitLong)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.LessOrEqual(t, runtime.NumGoroutine(), before)
 }
