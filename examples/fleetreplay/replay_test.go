@@ -19,13 +19,13 @@ import (
 )
 
 // shortOptions is the default replay, shortened to keep the test fast: the
-// fork burst as published; the load spill at 8 and 16 req/s for 15 s, with
+// fork burst as published; the load spill at 8 and 16 req/s for 12 s, with
 // every prompt and cache a quarter as long and the cost model scaled to
 // charge the same time for it.
 func shortOptions(t *testing.T) *options {
 	o := defaultOptions()
 	o.rates = []float64{8, 16}
-	o.duration = 15
+	o.duration = 12
 	o.plots = false
 	o.outDir = t.TempDir()
 	const k = 4
@@ -125,6 +125,7 @@ func TestReplayIsDeterministic(t *testing.T) {
 	run := func() []*scenarioResult {
 		o := shortOptions(t)
 		o.scenarios = []string{"fork"}
+		o.transport = "fake"
 		res, err := replay(context.Background(), o, &bytes.Buffer{})
 		require.NoError(t, err)
 		return res
@@ -136,13 +137,36 @@ func TestReplayIsDeterministic(t *testing.T) {
 	}
 }
 
+func TestTransportsAgree(t *testing.T) {
+	// The pull's virtual time comes from the cost model, so vLLM's P2P
+	// protocol over ZMQ and the in-memory fake must replay identically.
+	var res [2][]*scenarioResult
+	for i, tr := range []string{"p2p", "fake"} {
+		o := shortOptions(t)
+		o.scenarios = []string{"fork"}
+		o.forkBranches = 16
+		o.transport = tr
+		var err error
+		res[i], err = replay(context.Background(), o, &bytes.Buffer{})
+		require.NoError(t, err)
+	}
+	for i := range res[0][0].Arms {
+		a, b := res[0][0].Arms[i], res[1][0].Arms[i]
+		require.Equal(t, a.ttft, b.ttft)
+		require.Equal(t, a.PullsVerified, b.PullsVerified)
+		require.Equal(t, a.BytesMoved, b.BytesMoved)
+	}
+	require.Contains(t, res[0][0].Arms[1].Transfer, "transfer/p2p")
+	require.Contains(t, res[1][0].Arms[1].Transfer, "transfer/fake")
+}
+
 func TestRunWritesTablesPlotsAndJSON(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "tables.json")
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), []string{
 		"--scenarios", "fork", "--out", dir, "--json", jsonPath, "--progress", "never",
-		"--fork-branches", "12",
+		"--fork-branches", "12", "--transport", "fake",
 	}, &stdout, &stderr)
 	require.Equal(t, 0, code, stderr.String())
 	out := stdout.String()

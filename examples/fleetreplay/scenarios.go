@@ -61,7 +61,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		seed:      1,
-		transport: "fake",
+		transport: "p2p",
 		minDelta:  256,
 
 		forkBranches:  43,
@@ -72,13 +72,13 @@ func defaultOptions() options {
 		forkPrefill:   2,
 		forkDecode:    2,
 		forkSpillAt:   2,
-		forkGPU:       40000,
-		forkCPU:       120000,
+		forkGPU:       12000,
+		forkCPU:       12000,
 		forkCost:      glm753B,
 
 		pods:         4,
 		rates:        []float64{4, 8, 12, 16},
-		duration:     40,
+		duration:     30,
 		prefixes:     64,
 		prefixTokens: 16384,
 		suffixMin:    1024,

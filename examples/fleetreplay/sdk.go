@@ -12,7 +12,6 @@ import (
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/picker"
 	"github.com/kvsource/kvsource/transfer"
-	"github.com/kvsource/kvsource/transfer/fake"
 )
 
 // sdkOptions select how the SDK path is built.
@@ -47,12 +46,10 @@ type sdkPath struct {
 	ev eventPath
 	pk *picker.Picker
 
-	net      *fake.Network
-	peers    []*fake.Peer
-	clients  []*fake.Client
-	staging  [][]byte
+	mv       mover
 	sessions map[[2]string]transfer.Session
 	tkeys    []transfer.Key
+	want     []byte
 	idx      []int
 
 	scores []picker.Score
@@ -81,22 +78,21 @@ func newSDKPath(ctx context.Context, f *fleet, opt sdkOptions) (*sdkPath, error)
 		s.close()
 		return nil, err
 	}
-	switch opt.transport {
-	case "", "fake":
-		s.net = fake.New(fake.Config{BlockLen: opt.blockBytes})
-	default:
-		s.close()
-		return nil, fmt.Errorf("unknown transport %q (want fake)", opt.transport)
-	}
 	longest := 0
 	for _, r := range f.spec.reqs {
 		longest = max(longest, r.tokens()/f.blockSize)
 	}
-	for _, p := range f.pods {
-		s.peers = append(s.peers, s.net.AddPeer(p2pAddr(p)))
-		buf := make([]byte, longest*opt.blockBytes)
-		s.staging = append(s.staging, buf)
-		s.clients = append(s.clients, s.net.Client(buf))
+	switch opt.transport {
+	case "", "fake":
+		s.mv = newFakeMover(f.pods, opt.blockBytes, longest)
+	case "p2p":
+		if s.mv, err = newP2PMover(f.pods, opt.blockBytes, longest, f.spec.cpuBlocks); err != nil {
+			s.close()
+			return nil, err
+		}
+	default:
+		s.close()
+		return nil, fmt.Errorf("unknown transport %q (want fake or p2p)", opt.transport)
 	}
 	return s, nil
 }
@@ -108,6 +104,9 @@ func p2pAddr(p *pod) string { return fmt.Sprintf("%s:%d", p.host, picker.Default
 func (s *sdkPath) close() {
 	for _, sess := range s.sessions {
 		sess.Close()
+	}
+	if s.mv != nil {
+		s.mv.close()
 	}
 	s.ev.close()
 }
@@ -129,7 +128,9 @@ func (s *sdkPath) offloaded(p *pod, r *request, a, b int) {
 	for _, k := range r.eng.keys[a:b] {
 		s.tkeys = append(s.tkeys, s.f.eng.offload[k])
 	}
-	s.peers[p.idx].Hold(s.tkeys...)
+	if err := s.mv.hold(p, s.tkeys); err != nil {
+		s.f.fail(err)
+	}
 }
 
 // evicted drops CPU-tier blocks from the pod's P2P tier.
@@ -138,7 +139,9 @@ func (s *sdkPath) evicted(p *pod, keys []uint64) {
 	for _, k := range keys {
 		s.tkeys = append(s.tkeys, s.f.eng.offload[k])
 	}
-	s.peers[p.idx].Evict(s.tkeys...)
+	if err := s.mv.evict(p, s.tkeys); err != nil {
+		s.f.fail(err)
+	}
 }
 
 func (s *sdkPath) candidates(pods []*pod) []picker.Candidate {
@@ -208,7 +211,7 @@ func (s *sdkPath) decide(r *request, dest *pod) (*pullOrder, error) {
 	if !slices.Equal(d.Missing, r.eng.keys[d.Cached:d.Cached+d.Gain]) {
 		return nil, fmt.Errorf("%s: decision's missing keys are not the prompt's blocks %d..%d", r.name, d.Cached, d.Cached+d.Gain)
 	}
-	return &pullOrder{source: src, addr: d.P2PAddress(), end: d.Cached + d.Gain, d: d}, nil
+	return &pullOrder{source: src, addr: s.mv.addr(src), end: d.Cached + d.Gain, d: d}, nil
 }
 
 func (s *sdkPath) session(dest *pod, addr string) (transfer.Session, error) {
@@ -216,7 +219,8 @@ func (s *sdkPath) session(dest *pod, addr string) (transfer.Session, error) {
 	if sess, ok := s.sessions[k]; ok {
 		return sess, nil
 	}
-	sess, err := s.clients[dest.idx].Connect(context.Background(), addr)
+	c, _ := s.mv.client(dest)
+	sess, err := c.Connect(context.Background(), addr)
 	if err != nil {
 		return nil, err
 	}
@@ -267,23 +271,24 @@ func (s *sdkPath) fetch(dest *pod, r *request, o *pullOrder, keys []uint64) (int
 // verify checks a fetch moved exactly the blocks it named, each holding the
 // content its source holds for that key.
 func (s *sdkPath) verify(dest *pod, keys []transfer.Key, st transfer.Stats) bool {
-	bl := s.net.BlockLen()
+	bl := s.mv.blockLen()
 	if st.Blocks != len(keys) || st.Bytes != int64(len(keys)*bl) {
 		return false
 	}
-	buf := s.staging[dest.idx]
+	_, buf := s.mv.client(dest)
+	if len(s.want) != bl {
+		s.want = make([]byte, bl)
+	}
 	for i, k := range keys {
-		if !bytes.Equal(buf[i*bl:(i+1)*bl], fake.Content(k, bl)) {
+		s.mv.expect(k, s.want)
+		if !bytes.Equal(buf[i*bl:(i+1)*bl], s.want) {
 			return false
 		}
 	}
 	return true
 }
 
-func (s *sdkPath) transferStats() string {
-	st := s.net.Stats()
-	return fmt.Sprintf("fake: %d lookups, %d fetches, %d blocks, %d bytes, %d errors", st.Lookups, st.Fetches, st.Blocks, st.Bytes, st.FetchErrors)
-}
+func (s *sdkPath) transferStats() string { return s.mv.stats() }
 
 // holderOf maps an index holder back to its pod.
 func (f *fleet) podByName(name string) *pod {
