@@ -224,6 +224,8 @@ func (r *rawPeer) sendRaw(b []byte) {
 // as exactly [identity, payload].
 func (r *rawPeer) recv(d time.Duration) (string, message, bool) {
 	r.t.Helper()
+	// A negative timeout would make Poll wait forever.
+	d = max(d, 0)
 	p := zmq.NewPoller()
 	p.Add(r.router, zmq.POLLIN)
 	ps, err := p.Poll(d)
