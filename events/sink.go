@@ -5,7 +5,8 @@ import "github.com/kvsource/kvsource/index"
 // Sink is how events drive the index; a custom backend or a test recorder
 // can take its place. A Subscriber calls it for each holder from one
 // goroutine at a time (the holder's worker), for different holders in
-// parallel. *index.Index implements it.
+// parallel. keys belong to the caller and are reused once a call returns:
+// a Sink that keeps them must copy them. *index.Index implements it.
 //
 // Tiers are upper-case ("GPU", "CPU"); an event without a medium is "GPU".
 // ClearHolder with tier "" clears every tier of the holder.
