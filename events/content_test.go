@@ -152,3 +152,32 @@ func TestHashCheckRunsOnlyOnEventsStartingAtBlockZero(t *testing.T) {
 	require.Eventually(t, func() bool { return statusOf(s, h).HashChecks == 3 }, waitLong, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return statusOf(s, h).HashMismatches == 1 }, waitLong, 10*time.Millisecond)
 }
+
+func TestHashCheckConvertsOnlyTheCheckedBlocksExtraKeys(t *testing.T) {
+	hs, err := hashing.New(hashing.Config{Algo: hashing.SHA256, BlockSize: 4})
+	require.NoError(t, err)
+	s, err := NewSubscriber(Config{Sink: newRecSink(), Hasher: hs, Logger: newTextLogger(discard{})})
+	require.NoError(t, err)
+	w := newWorker(s)
+	h := w.holder(&source{pod: "pod"}, 0, "m")
+	loraTuple := []byte{0x91, 0xa7, 'm', 'y', '-', 'l', 'o', 'r', 'a'}
+	event := func(blocks int) *Event {
+		tokens := seqTokens(0, 4*blocks)
+		raw := make([][]byte, blocks)
+		for i := range raw {
+			raw[i] = loraTuple
+		}
+		withLoRA, err := hs.BlockKeys(nil, hashing.Request{Tokens: tokens, LoRAName: "my-lora"})
+		require.NoError(t, err)
+		return &Event{Type: EventBlockStored, BlockHashes: withLoRA, TokenIDs: tokens, BlockSize: 4,
+			Medium: "GPU", ExtraKeys: raw, HasExtraKeys: true}
+	}
+	short, long := event(2), event(256)
+	allocs := func(e *Event) float64 {
+		return testing.AllocsPerRun(20, func() { w.checkAgreement(h, e, 0) })
+	}
+	a2, a256 := allocs(short), allocs(long)
+	require.Zero(t, h.hashMismatches.Load(), "the LoRA tuples reproduce the engine's keys")
+	require.NotZero(t, h.hashChecks.Load())
+	require.Less(t, a256, a2+10, "allocations for 256 blocks (%v) against 2 (%v)", a256, a2)
+}

@@ -424,16 +424,22 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 	h.setStale()
 }
 
-// request returns the hashing request that reproduce e's extra keys: the
-// event's own tuples when it carries any, else its LoRA name.
+// request returns the hashing request for tokens, the leading blocks of e,
+// that reproduces e's extra keys: the event's own tuples when it carries
+// any, else its LoRA name. Only those blocks' tuples are converted, so that
+// checking the leading blocks of a long event stays cheap.
 func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 	req := hashing.Request{Tokens: tokens}
 	if !e.HasExtraKeys {
 		req.LoRAName = e.LoRAName
 		return req, nil
 	}
+	extra := e.ExtraKeys
+	if e.BlockSize > 0 {
+		extra = extra[:min(len(extra), len(tokens)/e.BlockSize)]
+	}
 	some := false
-	for _, raw := range e.ExtraKeys {
+	for _, raw := range extra {
 		if raw != nil {
 			some = true
 			break
@@ -443,7 +449,7 @@ func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 		return req, nil
 	}
 	w.extra = w.extra[:0]
-	for _, raw := range e.ExtraKeys {
+	for _, raw := range extra {
 		if raw == nil {
 			w.extra = append(w.extra, nil)
 			continue
