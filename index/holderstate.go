@@ -406,17 +406,28 @@ func (ts *tierState) kept(t *table) ([]uint32, int) {
 func (hs *holderState) rehash(ti int, extra int) *table {
 	ts := hs.tierList()[ti]
 	old := ts.tab.Load()
-	remap, kept := ts.kept(old)
+	// remap[i] becomes slot i's new index + 1; first it marks the unheld
+	// ancestors of held slots (gaps and the chains above them) with 1.
+	remap := make([]uint32, len(old.slots))
+	kept := int(ts.live)
+	for k := range ts.gaps {
+		for j := old.find(k); j >= 0 && remap[j] == 0 && !held(old.slots[j].loadMeta()); j = parentOf(old.slots[j].loadMeta()) {
+			remap[j] = 1
+			kept++
+		}
+	}
 	size := tableSizeFor(kept + extra)
-	if kept*3 < old.used*2 {
-		// Mostly removed blocks: a holder at its steady state. Leave more
-		// room so that rebuilds come less often.
+	if size <= len(old.slots) {
+		// Removals, not growth, filled the table: a holder at its steady
+		// state. Leave more room so that rebuilds come less often.
 		size = max(size, (kept+extra)*loadDen/churnNum+1)
 	}
-	// nt is private until published: plain writes.
+	// nt is private until published: plain writes. Parents keep their old
+	// index until every slot has its new one.
 	nt := newTable(size)
 	for i := range old.slots {
-		if remap[i] == 0 {
+		m := old.slots[i].loadMeta()
+		if !held(m) && remap[i] == 0 {
 			continue
 		}
 		k := old.slots[i].loadKey()
@@ -425,19 +436,15 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 			j = nt.next(j)
 		}
 		nt.slots[j].key = k
-		nt.slots[j].meta = metaExists
+		nt.slots[j].meta = m
 		remap[i] = uint32(j) + 1
 	}
 	nt.used = kept
-	for i := range old.slots {
-		if remap[i] == 0 {
-			continue
-		}
-		m := old.slots[i].loadMeta()
+	for j := range nt.slots {
+		m := nt.slots[j].meta
 		if p := parentOf(m); p >= 0 {
-			m = m&^(metaParentMask<<metaParentShift) | uint64(remap[p])<<metaParentShift
+			nt.slots[j].meta = m&^(metaParentMask<<metaParentShift) | uint64(remap[p])<<metaParentShift
 		}
-		nt.slots[remap[i]-1].meta = m
 	}
 	ts.publishGaps(nt)
 	nt.epoch.Store(old.epoch.Load())

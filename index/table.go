@@ -70,11 +70,11 @@ const (
 	metaExists      = 1 << 63
 
 	minTableSize = 16
-	// Tables are rebuilt past 13/16 occupancy, at most 9/16 full (6/16 when
+	// Tables are rebuilt past 13/16 occupancy, at most 9/16 full (8/16 when
 	// removals rather than growth filled them).
 	maxLoadNum = 13
 	rebuildNum = 9
-	churnNum   = 6
+	churnNum   = 8
 	loadDen    = 16
 )
 
