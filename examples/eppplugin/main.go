@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kvsource/kvsource/events"
@@ -307,6 +306,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		s.Director.Done(ctx, req, target)
 		fmt.Fprintln(stdout)
 	}
-	fmt.Fprintf(stdout, "%s\n", strings.TrimSpace("in flight after the responses ended: "+fmt.Sprint(s.Plugin.Picker().Inflight(holderOf(s.Endpoints[0])))))
+	fmt.Fprintf(stdout, "in flight after the responses ended: %d\n", s.Plugin.Picker().Inflight(holderOf(s.Endpoints[0])))
 	return nil
 }

@@ -124,7 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.forkPrefix, "fork-prefix", o.forkPrefix, "fork burst: shared prefix tokens")
 	fs.IntVar(&o.forkSuffixMin, "fork-suffix-min", o.forkSuffixMin, "fork burst: shortest subagent task prompt, tokens")
 	fs.IntVar(&o.forkSuffixMax, "fork-suffix-max", o.forkSuffixMax, "fork burst: longest subagent task prompt, tokens")
-	fs.Float64Var(&o.forkGap, "fork-gap", o.forkGap, "fork burst: mean seconds between subagent arrivals (Poisson)")
+	fs.Float64Var(&o.forkGap, "fork-gap", o.forkGap, "fork burst: mean seconds between subagent arrivals (each gap uniform in 0.5-1.5 times it)")
 	fs.IntVar(&o.forkPrefill, "fork-prefill", o.forkPrefill, "fork burst: prefill pods")
 	fs.IntVar(&o.forkDecode, "fork-decode", o.forkDecode, "fork burst: decode pods")
 	fs.IntVar(&o.forkSpillAt, "fork-spill-at", o.forkSpillAt, "fork burst: requests in flight on the prefix holder before the router spills")
@@ -152,6 +152,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replay to this file")
 	prog := fs.String("progress", "auto", "progress bar on stderr: auto (on a terminal), always, never")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, flag.ErrHelp
+		}
 		return nil, errUsage
 	}
 	if fs.NArg() > 0 {
@@ -185,6 +188,9 @@ func isTerminal(f *os.File) bool {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
 	if err != nil {
 		if !errors.Is(err, errUsage) {
 			fmt.Fprintf(stderr, "fleetreplay: %v\n", err)
