@@ -224,16 +224,9 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 		threshold = req.MinCachedTokenDelta
 	}
 	floor := max(d.Best-1, (threshold+p.blockSize-1)/p.blockSize)
-	slices.SortFunc(s.cands, func(a, b cand) int { return compareHolders(a.h, b.h) })
-	now := p.epoch()
 	band := s.cands[:0]
-	var total float64
-	var prev index.Holder
-	for i, c := range s.cands {
-		// An index may list a holder once per tier; count it once.
-		dup := i > 0 && c.h == prev
-		prev = c.h
-		if dup || c.gain < floor {
+	for _, c := range s.cands {
+		if c.gain < floor {
 			continue
 		}
 		if p.cost != nil {
@@ -242,14 +235,29 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 				continue
 			}
 		}
+		band = append(band, c)
+	}
+	// A fixed order makes the draw depend on the request alone, not on the
+	// order the index lists holders in.
+	slices.SortFunc(band, func(a, b cand) int { return compareHolders(a.h, b.h) })
+	now := p.epoch()
+	var total float64
+	n := 0
+	for i, c := range band {
+		// An index may list a holder once per tier; count it once.
+		if i > 0 && c.h == band[n-1].h {
+			continue
+		}
 		c.slot = p.inflight.get(c.h)
 		if c.slot != nil {
 			c.weight += float64(c.slot.count(now))
 		}
 		c.weight = 1 / c.weight
 		total += c.weight
-		band = append(band, c)
+		band[n] = c
+		n++
 	}
+	band = band[:n]
 	if len(band) == 0 {
 		d.Reason = ReasonBelowThreshold
 		return d, nil
