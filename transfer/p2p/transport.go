@@ -222,6 +222,12 @@ func (d *dealer) monitor(mon *zmq.Socket, onEvent func(zmq.Event)) {
 		if err != nil {
 			continue
 		}
+		select {
+		case <-d.stop:
+			// Events of a socket we closed ourselves are not news.
+			return
+		default:
+		}
 		if ev == zmq.EVENT_MONITOR_STOPPED {
 			return
 		}
