@@ -1,7 +1,9 @@
 package index
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -277,4 +279,39 @@ func TestRemovalsKeepMemoryBounded(t *testing.T) {
 	_, ts := hs.tier(TierGPU, false)
 	require.Less(t, len(ts.tab.Load().slots), 1024)
 	require.Zero(t, ix.Stats().HolderBlocks)
+}
+
+func TestChainsLongerThanDepthsCountAreExact(t *testing.T) {
+	p := chain(3, metaDepthMax+5000)
+	ix := New(Config{})
+	for i := 0; i < len(p); i += 4096 {
+		var parent uint64
+		if i > 0 {
+			parent = p[i-1]
+		}
+		ix.Store("m", podA, TierGPU, 0, parent, i > 0, p[i:min(i+4096, len(p))])
+	}
+	var res Result
+	ix.Lookup("m", p, &res)
+	require.Equal(t, len(p), res.Holder(podA).Prefix)
+	require.Equal(t, 4000, ix.Run("m", podA, p, len(p)-4000, nil))
+
+	// A hole past the saturated depths: every block there is checked.
+	ix.Remove("m", podA, TierGPU, 0, p[metaDepthMax+100:metaDepthMax+101])
+	ix.Lookup("m", p, &res)
+	require.Equal(t, metaDepthMax+100, res.Holder(podA).Prefix)
+	require.Equal(t, len(p)-metaDepthMax-101, ix.Run("m", podA, p, metaDepthMax+101, nil))
+}
+
+func TestEvictionsAreLoggedWithThePod(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ix := New(Config{HolderCapacity: 2, Logger: log})
+	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 5))
+	ix.Store("m", podA, "", 0, 0, false, chain(2, 1))
+	require.Contains(t, buf.String(), "over capacity")
+	require.Contains(t, buf.String(), "pod=a:8000")
+	require.Contains(t, buf.String(), "without tier")
+	s := ix.Stats()
+	require.Equal(t, Stats{Models: 1, Holders: 1, HolderBlocks: 2, Stored: 5, EvictedCapacity: 3, RejectedTier: 1}, s)
 }
