@@ -190,11 +190,16 @@ func (c *Client) match(from string) *session {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s := c.sessions[from]; s != nil {
+		if s.remoteID.Load() == nil {
+			s.remoteID.Store(&from)
+		}
 		return s
 	}
 	_, port, ok := splitHostPort(from)
 	var byPort, pending []*session
 	for k, s := range c.sessions {
+		// Only a session still waiting for its peer's first message can
+		// take a new identity.
 		if k != s.addr || s.remoteID.Load() != nil {
 			continue
 		}

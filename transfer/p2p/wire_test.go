@@ -477,3 +477,24 @@ func TestProducerReapsALostConsumerAndReleasesItsPins(t *testing.T) {
 	require.Eventually(t, func() bool { return store.Pinned() == 0 && p.Stats().Lost == 1 }, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, store.Evict(testKey(0)), "no pin is left")
 }
+
+func TestClientMatchesUnknownIdentitiesOnlyToHandshakingSessions(t *testing.T) {
+	c := newTestClient(t, 1, nil)
+	add := func(addr string) *session {
+		s := &session{c: c, addr: addr, dead: make(chan struct{})}
+		c.mu.Lock()
+		c.sessions[addr] = s
+		c.mu.Unlock()
+		return s
+	}
+	a := add("127.0.0.1:1000")
+	require.Same(t, a, c.match("127.0.0.1:1000"), "an exact identity")
+	require.Nil(t, c.match("localhost:2000"), "a session that heard from its peer takes no other identity")
+
+	b := add("127.0.0.1:2000")
+	d := add("127.0.0.1:3000")
+	require.Same(t, b, c.match("localhost:2000"), "same port")
+	require.Same(t, b, c.match("localhost:2000"), "the alias sticks")
+	require.Same(t, d, c.match("pod-d:9999"), "the only session still waiting")
+	require.Nil(t, c.match("pod-e:9999"))
+}
