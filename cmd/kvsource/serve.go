@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -16,6 +17,25 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/picker"
 )
+
+// kvsource serve runs the SDK for routers not written in Go: a subscriber
+// receives the engines' KV events into an index, and a picker answers over
+// HTTP with JSON (block keys as decimal strings):
+//
+//	POST /v1/score  {"model", "tokens", "lora_name"?, "cache_salt"?, "mm_items"?, "pods"?}
+//	                -> {"model", "blocks", "pods": [{"pod", "dp_rank", "matched_blocks", "tiers": {"GPU", "CPU"}, "score"}]}, best first
+//	POST /v1/pick   {"model", "tokens", "lora_name"?, "cache_salt"?, "mm_items"?, "request_id"?, "destination",
+//	                 "destination_dp_rank"?, "candidates"?: [{"pod", "dp_rank"?, "waiting", "load"?}], "min_cached_token_delta"?}
+//	                -> {"destination", "source" (or null), "reason", "destination_cached_blocks", "source_blocks",
+//	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params", ...}
+//	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight
+//	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "gaps", "replays", "decode_errors",
+//	                 "hash_mismatches", "state", "inflight_pulls"}]}
+//	GET  /metrics   Prometheus; GET /healthz
+//
+// A candidate without "dp_rank" stands for every rank of its pod. Bad
+// requests get 400 with {"error"}. SIGINT or SIGTERM shuts down gracefully,
+// saving the --snapshot file, which start-up loads.
 
 func init() {
 	commands["serve"] = command{summary: "run events, index and picker as an HTTP JSON serveService", run: runServe}
@@ -101,6 +121,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
 		fmt.Fprintln(stderr, "                      [--http 127.0.0.1:8080] [--algo A] [--seed S] [--block-size N]")
 		fmt.Fprintln(stderr, "                      [--min-cached-token-delta N] [--snapshot FILE]")
+		fmt.Fprintln(stderr, "endpoints: POST /v1/score, POST /v1/pick, POST /v1/done, GET /v1/pods, GET /metrics, GET /healthz")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -127,11 +148,14 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 }
 
 func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	cfg, err := parseServeFlags(args, stderr)
+	var usage bytes.Buffer
+	cfg, err := parseServeFlags(args, &usage)
 	if errors.Is(err, flag.ErrHelp) {
+		_, _ = usage.WriteTo(stdout)
 		return 0
 	}
 	if err != nil {
+		_, _ = usage.WriteTo(stderr)
 		fmt.Fprintf(stderr, "kvsource serve: %v\n", err)
 		return 2
 	}
