@@ -548,8 +548,15 @@ func TestRestartedEngineFetchesTheFirstBatchesItsSubscriberMissed(t *testing.T) 
 
 	// The new process's first three batches never reach the subscriber;
 	// its replay buffer has them.
-	second := newPublisher(t, PublisherConfig{Endpoint: localEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@pod@m",
-		Drop: func(seq uint64) bool { return seq < 3 }})
+	// libzmq releases the first process's replay port asynchronously.
+	var second *Publisher
+	require.Eventually(t, func() bool {
+		var err error
+		second, err = NewPublisher(PublisherConfig{Endpoint: localEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@pod@m",
+			Drop: func(seq uint64) bool { return seq < 3 }})
+		return err == nil
+	}, waitLong, 20*time.Millisecond)
+	t.Cleanup(func() { require.NoError(t, second.Close()) })
 	publish(t, second, stored(0, nil, 7), stored(0, ptr(7), 8), stored(0, nil, 9))
 	warmUp(t, second, s, 0)
 	requireKeys(t, sink, "m", h, "GPU", 7, 8, 9)
