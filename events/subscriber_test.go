@@ -17,6 +17,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
@@ -661,4 +662,26 @@ func TestRunLeavesNoGoroutinesBehind(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	require.LessOrEqual(t, runtime.NumGoroutine(), before)
+}
+
+func TestUnknownEventIsCountedAndTheRestOfItsBatchApplies(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
+	p := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@pod@m"})
+	warmUp(t, p, s, 0)
+	payload, err := msgpack.Marshal([]any{1.5, []any{
+		map[string]any{"type": "BlockStored", "block_hashes": []uint64{1, 2}, "parent_block_hash": nil, "token_ids": []uint32{}, "block_size": 4},
+		map[string]any{"type": "BlockPinned", "block_hashes": []uint64{1}, "until": 9.5},
+		[]any{"BlockMoved", []uint64{2}, "CPU"},
+		map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{1}},
+	}, 0})
+	require.NoError(t, err)
+	_, err = p.PublishPayload(payload)
+	require.NoError(t, err)
+	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", 2)
+	st := s.Stats()
+	require.Equal(t, uint64(2), st.UnknownEvents)
+	require.Zero(t, st.DecodeErrors)
 }
