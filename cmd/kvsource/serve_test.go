@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -192,4 +193,44 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 	code, body = serveCall(t, "POST", base+"/v1/done", map[string]any{"request_id": "r"})
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"released":false}`, string(body))
+}
+
+// FuzzServeRequests posts arbitrary bodies to the JSON endpoints: every
+// answer is 200 or a 400 with a JSON error, never a 500 or a panic.
+func FuzzServeRequests(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"destination":"p:1"}`,
+		`{"model":"m","tokens":[],"destination":"p:1","candidates":[{"pod":"q:1","waiting":2,"load":0.5}],"min_cached_token_delta":16}`,
+		`{"model":"m","tokens":[1],"lora_name":"a","cache_salt":"s","mm_items":[{"id":"i","offset":0,"length":1}],"pods":["p:1"]}`,
+		`{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":"q:1","dp_rank":-3}]}`,
+		`{"request_id":"r"}`,
+		`{"model":"m","tokens":[4294967295],"destination_dp_rank":7,"destination":"[::1]:80"}`,
+		`[]`, `null`, `{"model":1}`,
+	} {
+		f.Add(seed)
+	}
+	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0"}, io.Discard)
+	require.NoError(f, err)
+	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(f, err)
+	keys, err := s.hasher.BlockKeys(nil, hashing.Request{Tokens: make([]uint32, 64)})
+	require.NoError(f, err)
+	s.idx.Store("m", index.Holder{Pod: "q:1"}, index.TierCPU, 0, 0, false, keys)
+	handlers := map[string]http.HandlerFunc{
+		"/v1/score": s.instrument("/v1/score", s.handleScore),
+		"/v1/pick":  s.instrument("/v1/pick", s.handlePick),
+		"/v1/done":  s.instrument("/v1/done", s.handleDone),
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		for path, h := range handlers {
+			rec := httptest.NewRecorder()
+			h(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+			require.Contains(t, []int{http.StatusOK, http.StatusBadRequest}, rec.Code, "%s %s: %s", path, body, rec.Body)
+			if rec.Code == http.StatusBadRequest {
+				var e serveErrorJSON
+				require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &e))
+				require.NotEmpty(t, e.Error)
+			}
+		}
+	})
 }
