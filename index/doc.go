@@ -55,7 +55,7 @@
 // # Memory
 //
 // Memory is bounded by holdings: a (block, tier) pair costs a 16-byte table
-// slot at 56-81% occupancy and a 5-byte eviction-queue entry, about 30
+// slot at 50-81% occupancy and a 5-byte eviction-queue entry, about 30
 // bytes in all. Config.HolderCapacity (or SetHolderCapacity: the pod's real
 // cache size in blocks) caps one holder; Config.MaxHolderBlocks caps the
 // total. Past either, the oldest holdings are evicted (the largest
