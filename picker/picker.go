@@ -124,7 +124,8 @@ type Request struct {
 	Candidates []Candidate
 	// MinCachedTokenDelta overrides Config.MinCachedTokenDelta when > 0.
 	MinCachedTokenDelta int
-	// Rand, when set, draws the source instead of ID's hash.
+	// Rand, when set, draws the source instead of ID's hash. A *rand.Rand
+	// is not safe for concurrent use: give each goroutine its own.
 	Rand *rand.Rand
 }
 
