@@ -143,6 +143,7 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 		}
 	}
 	f.res.finish(f.spec.reqs)
+	f.res.Utilisation = f.utilisation()
 	f.res.Transfer = f.sdk.transferStats()
 	return f.res, f.placed, nil
 }
@@ -288,3 +289,23 @@ type pullOrder struct {
 func (o *pullOrder) release() { o.d.Done() }
 
 func (f *fleet) cost() *CostModel { return &f.spec.cost }
+
+// utilisation returns the computing pods' mean busy share of the run.
+func (f *fleet) utilisation() float64 {
+	first, last := -1.0, 0.0
+	for _, r := range f.spec.reqs {
+		if first < 0 || r.arrival < first {
+			first = r.arrival
+		}
+		last = max(last, r.arrival+r.ttft-f.cost().FirstToken)
+	}
+	ps := f.computePods()
+	if last <= first || len(ps) == 0 {
+		return 0
+	}
+	busy := 0.0
+	for _, p := range ps {
+		busy += p.compute.busy
+	}
+	return busy / float64(len(ps)) / (last - first)
+}

@@ -13,16 +13,6 @@ const (
 	roleDecode              // receives KV, decodes; serves pulls like any pod
 )
 
-func (r role) String() string {
-	switch r {
-	case rolePrefill:
-		return "prefill"
-	case roleDecode:
-		return "decode"
-	}
-	return "aggregated"
-}
-
 // pod is one simulated vLLM engine: a GPU prefix cache and a CPU offload
 // tier (write-through, as vLLM's offloading connector stores every computed
 // block), a compute resource shared by its running prefills, and an egress
@@ -74,7 +64,6 @@ func (p *pod) localPrefix(keys []uint64) int {
 func (p *pod) admit(r *request, o *pullOrder) {
 	p.load++
 	r.dest = p
-	r.admitted = p.f.clk.now
 	p.advance(r, o)
 }
 

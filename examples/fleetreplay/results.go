@@ -35,7 +35,11 @@ type armResult struct {
 	LocalBlocks    int            `json:"local_blocks"`
 	ComputedBlocks int            `json:"computed_blocks"`
 	Decisions      map[string]int `json:"decisions,omitempty"`
-	Transfer       string         `json:"transfer"`
+	// Utilisation is the share of time the computing pods had a prefill
+	// running, averaged over them, from the first arrival to the last
+	// first token.
+	Utilisation float64 `json:"compute_utilisation"`
+	Transfer    string  `json:"transfer"`
 
 	ttft    []float64 // per request, in arrival order
 	arrival []float64
@@ -153,7 +157,7 @@ func writeJSON(path string, ss []*scenarioResult) error {
 // decided and what it cost.
 func writeTrace(path string, ss []*scenarioResult) error {
 	var b strings.Builder
-	b.WriteString("scenario,arm,rate,request,arrival_s,destination,decode,reason,source,local_blocks,pulled_blocks,computed_blocks,ttft_s\n")
+	b.WriteString("scenario,arm,rate,request,arrival_s,destination,decode,reason,source,local_blocks,pulled_blocks,computed_blocks,waited,ttft_s\n")
 	for _, s := range ss {
 		for _, a := range s.Arms {
 			for _, r := range a.reqs {
@@ -161,8 +165,8 @@ func writeTrace(path string, ss []*scenarioResult) error {
 				if r.decode != nil {
 					dec = r.decode.name
 				}
-				fmt.Fprintf(&b, "%s,%s,%g,%s,%.4f,%s,%s,%s,%s,%d,%d,%d,%.4f\n", s.Name, a.Arm, a.Rate, r.name, r.arrival,
-					r.dest.name, dec, r.reason, r.source, r.localBlocks, r.pulledBlocks, r.computedBlocks, r.ttft)
+				fmt.Fprintf(&b, "%s,%s,%g,%s,%.4f,%s,%s,%s,%s,%d,%d,%d,%t,%.4f\n", s.Name, a.Arm, a.Rate, r.name, r.arrival,
+					r.dest.name, dec, r.reason, r.source, r.localBlocks, r.pulledBlocks, r.computedBlocks, r.waited, r.ttft)
 			}
 		}
 	}

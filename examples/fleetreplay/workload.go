@@ -39,13 +39,12 @@ type request struct {
 	eng  engineBlocks // the engine's (hashing, engine side)
 
 	dest, decode   *pod
-	admitted       float64
 	reason         string // the picker's reason ("" when P2P is off)
 	source         string // the pull's source pod, "" when none
 	localBlocks    int    // blocks the destination already held
 	pulledBlocks   int    // blocks pulled from a peer
 	computedBlocks int    // full blocks computed
-	waited         bool   // waited for blocks another request was bringing in
+	waited         bool   // waited for blocks another request was bringing to its pod
 	ttft           float64
 	done           bool
 }
