@@ -38,7 +38,7 @@
 // held; that proof only gets harder further along the prompt, so a binary
 // search finds each holder's prefix in about log2(n) probes instead of n.
 // A block stored without a parent starts a new run, searched the same way.
-// Where a tier has more gaps than a lookup checks (16), it is checked block
+// Where a tier has more gaps than a lookup checks (32), it is checked block
 // by block: slower, equally exact.
 //
 // # Concurrency

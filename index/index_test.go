@@ -315,3 +315,47 @@ func TestEvictionsAreLoggedWithThePod(t *testing.T) {
 	s := ix.Stats()
 	require.Equal(t, Stats{Models: 1, Holders: 1, HolderBlocks: 2, Stored: 5, EvictedCapacity: 3, RejectedTier: 1}, s)
 }
+
+func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
+	const n = 300 // past what a slot's child counter holds
+	root := uint64(77)
+	ix := New(Config{})
+	prompts := make([][]uint64, n)
+	for i := range prompts {
+		c := chainKey(root, i)
+		prompts[i] = []uint64{root, c, chainKey(c, 0)}
+		ix.Store("m", podA, TierGPU, 0, 0, false, prompts[i])
+	}
+	gapCount := func() int32 {
+		ms := ix.model("m", false)
+		hs, _ := ms.holders.Load(podA)
+		return hs.tierList()[0].tab.Load().gapN.Load()
+	}
+	var res Result
+	ix.Remove("m", podA, TierGPU, 0, []uint64{root})
+	require.Equal(t, int32(1), gapCount(), "the root is a gap")
+	ix.Lookup("m", prompts[5], &res)
+	require.Empty(t, res.Hits)
+	require.Equal(t, 2, ix.Run("m", podA, prompts[5], 1, nil))
+
+	ix.Store("m", podA, TierGPU, 0, 0, false, []uint64{root})
+	require.Zero(t, gapCount())
+	ix.Lookup("m", prompts[299], &res)
+	require.Equal(t, 3, res.Holder(podA).Prefix)
+
+	ix.Remove("m", podA, TierGPU, 0, []uint64{root})
+	for i := range n - 1 {
+		ix.Remove("m", podA, TierGPU, 0, prompts[i][1:2])
+	}
+	require.Equal(t, int32(-1), gapCount(), "the root and 299 children are gaps, too many to list")
+	ix.Lookup("m", prompts[n-1], &res)
+	require.Empty(t, res.Hits)
+	require.Equal(t, 2, ix.Run("m", podA, prompts[n-1], 1, nil))
+	require.Equal(t, 1, ix.Run("m", podA, prompts[0], 2, nil))
+	ix.Remove("m", podA, TierGPU, 0, prompts[n-1][1:2])
+	for i := range n {
+		ix.Remove("m", podA, TierGPU, 0, prompts[i][2:])
+	}
+	require.Zero(t, gapCount(), "no block is held, so none is a gap")
+	require.Zero(t, ix.Stats().HolderBlocks)
+}

@@ -40,7 +40,7 @@ type gap struct {
 
 // maxGaps bounds the gaps a lookup checks per table before it gives up
 // searching by depth.
-const maxGaps = 16
+const maxGaps = 32
 
 // A slot's words are written with atomic stores while its table is
 // published, and plainly while a rehash builds the table, before it is.
