@@ -165,7 +165,9 @@ func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 // Store records that h holds keys in tier for KV cache group. keys are
 // consecutive blocks of one chain; when hasParent is set, parent is the
 // block before keys[0], otherwise keys[0] starts a chain or its parent is
-// unknown. Storing a holding twice is harmless.
+// unknown. Blocks that are not consecutive (a hybrid model's group that
+// skips blocks) must be stored one at a time without a parent, or lookups
+// may count blocks in between as held. Storing a holding twice is harmless.
 func (ix *Index) Store(model string, h Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
 	if len(keys) == 0 {
 		return
