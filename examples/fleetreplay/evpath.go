@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,9 @@ import (
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/index"
 )
+
+// errEvents reports events the index did not apply as published.
+var errEvents = errors.New("events lost or mistrusted")
 
 // eventPath carries the pods' cache changes to the router's index as a vLLM
 // fleet does: each pod's events.Publisher connects to the router's
@@ -197,4 +201,39 @@ func (e *eventPath) close() {
 		e.cancel()
 		<-e.done
 	}
+}
+
+// stats summarises what the subscriber applied and what went wrong.
+func (e *eventPath) stats() eventStats {
+	st := e.sub.Stats()
+	return eventStats{
+		Batches: st.Batches, Events: st.Events, Blocks: st.Blocks,
+		Gaps: st.Gaps, Replayed: st.Replayed, Unrecovered: st.Unrecovered, DecodeErrors: st.DecodeErrors,
+		QueueFull: st.QueueFull, HashChecks: st.HashChecks, HashMismatches: st.HashMismatches,
+	}
+}
+
+// eventStats are the subscriber's counters for one arm.
+type eventStats struct {
+	Batches        uint64 `json:"batches"`
+	Events         uint64 `json:"events"`
+	Blocks         uint64 `json:"blocks"`
+	Gaps           uint64 `json:"gaps"`
+	Replayed       uint64 `json:"replayed"`
+	Unrecovered    uint64 `json:"unrecovered"`
+	DecodeErrors   uint64 `json:"decode_errors"`
+	QueueFull      uint64 `json:"queue_full"`
+	HashChecks     uint64 `json:"hash_checks"`
+	HashMismatches uint64 `json:"hash_mismatches"`
+}
+
+// trusted reports whether the index saw every event as published.
+func (s eventStats) trusted() error {
+	switch {
+	case s.HashMismatches > 0:
+		return fmt.Errorf("%w: %d hash mismatches between engines and router", errEvents, s.HashMismatches)
+	case s.Unrecovered > 0, s.DecodeErrors > 0, s.QueueFull > 0:
+		return fmt.Errorf("%w: %d unrecovered gaps, %d decode errors, %d dropped for full queues", errEvents, s.Unrecovered, s.DecodeErrors, s.QueueFull)
+	}
+	return nil
 }

@@ -145,6 +145,10 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 	f.res.finish(f.spec.reqs)
 	f.res.Utilisation = f.utilisation()
 	f.res.Transfer = f.sdk.transferStats()
+	f.res.Events = f.sdk.ev.stats()
+	if err := f.res.Events.trusted(); err != nil {
+		return nil, nil, fmt.Errorf("%s %s: %w", f.spec.scenario, f.spec.arm(), err)
+	}
 	return f.res, f.placed, nil
 }
 

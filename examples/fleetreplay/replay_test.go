@@ -84,6 +84,9 @@ func TestReplayReproducesThePublishedShape(t *testing.T) {
 		for _, arm := range s.Arms {
 			require.Equal(t, arm.PullsIssued, arm.PullsVerified, "%s %s %g: every pull verified", s.Name, arm.Arm, arm.Rate)
 			require.Zero(t, arm.PullsFailed)
+			require.Positive(t, arm.Events.HashChecks, "the subscriber checked hash agreement")
+			require.Zero(t, arm.Events.HashMismatches)
+			require.Zero(t, arm.Events.Unrecovered)
 			require.Equal(t, arm.Requests, len(arm.ttft))
 		}
 	}

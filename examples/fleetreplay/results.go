@@ -38,8 +38,9 @@ type armResult struct {
 	// Utilisation is the share of time the computing pods had a prefill
 	// running, averaged over them, from the first arrival to the last
 	// first token.
-	Utilisation float64 `json:"compute_utilisation"`
-	Transfer    string  `json:"transfer"`
+	Utilisation float64    `json:"compute_utilisation"`
+	Transfer    string     `json:"transfer"`
+	Events      eventStats `json:"events"`
 
 	ttft    []float64 // per request, in arrival order
 	arrival []float64

@@ -228,6 +228,15 @@ func (s *sdkPath) session(dest *pod, addr string) (transfer.Session, error) {
 	return sess, nil
 }
 
+// drop closes a session that failed, so the next pull reconnects.
+func (s *sdkPath) drop(dest *pod, addr string) {
+	k := [2]string{dest.name, addr}
+	if sess, ok := s.sessions[k]; ok {
+		sess.Close()
+		delete(s.sessions, k)
+	}
+}
+
 // fetch pulls keys from the order's source into dest's staging memory: a
 // lookup, then a fetch of the leading hits. It verifies what arrived (as
 // many blocks as named, each with its block's content) and returns the
@@ -245,6 +254,7 @@ func (s *sdkPath) fetch(dest *pod, r *request, o *pullOrder, keys []uint64) (int
 	}
 	hits, err := sess.Lookup(ctx, s.tkeys)
 	if err != nil {
+		s.drop(dest, o.addr)
 		return 0, fmt.Errorf("lookup at %s for %s: %w", o.addr, r.name, err)
 	}
 	n := transfer.Prefix(hits)
@@ -259,6 +269,7 @@ func (s *sdkPath) fetch(dest *pod, r *request, o *pullOrder, keys []uint64) (int
 	f.res.PullsIssued++
 	st, err := sess.Fetch(ctx, s.tkeys[:n], s.idx)
 	if err != nil {
+		s.drop(dest, o.addr)
 		return 0, fmt.Errorf("fetch from %s for %s: %w", o.addr, r.name, err)
 	}
 	f.res.BytesMoved += st.Bytes
