@@ -67,11 +67,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		return nil, fmt.Errorf("p2p client: %w", err)
 	}
 	c := &Client{cfg: cfg, reg: reg, sessions: make(map[string]*session)}
-	c.ep, err = listen(cfg.Host, cfg.Port, cfg.Heartbeat, cfg.Logger, c.onMessage)
+	c.ep, err = listen(cfg.Host, cfg.Port, cfg.Heartbeat, cfg.Logger)
 	if err != nil {
 		_ = cfg.DataPlane.Close()
 		return nil, fmt.Errorf("p2p client: %w", err)
 	}
+	c.ep.start(c.onMessage)
 	return c, nil
 }
 

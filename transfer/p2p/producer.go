@@ -86,11 +86,12 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		return nil, fmt.Errorf("p2p producer: %w", err)
 	}
 	p := &Producer{cfg: cfg, reg: reg, sessions: make(map[string]*peerSession), stop: make(chan struct{})}
-	p.ep, err = listen(cfg.Host, cfg.Port, cfg.Heartbeat, cfg.Logger, p.onMessage)
+	p.ep, err = listen(cfg.Host, cfg.Port, cfg.Heartbeat, cfg.Logger)
 	if err != nil {
 		_ = cfg.DataPlane.Close()
 		return nil, fmt.Errorf("p2p producer: %w", err)
 	}
+	p.ep.start(p.onMessage)
 	p.wg.Add(1)
 	go p.sweep()
 	return p, nil

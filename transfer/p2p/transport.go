@@ -61,10 +61,9 @@ type endpoint struct {
 	dropped atomic.Uint64 // frames that were not [identity, payload]
 }
 
-// listen binds a ROUTER on tcp://host:port (port 0: an ephemeral port) and
-// calls onMessage with the sender identity and payload of every two-frame
-// message, on one goroutine, until close.
-func listen(host string, port int, hb Heartbeat, log *slog.Logger, onMessage func(from string, data []byte)) (*endpoint, error) {
+// listen binds a ROUTER on tcp://host:port (port 0: an ephemeral port).
+// Nothing is received until start.
+func listen(host string, port int, hb Heartbeat, log *slog.Logger) (*endpoint, error) {
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		return nil, fmt.Errorf("p2p: zmq context: %w", err)
@@ -104,9 +103,14 @@ func listen(host string, port int, hb Heartbeat, log *slog.Logger, onMessage fun
 	// The identity is the configured host verbatim, as vLLM does: peers dial
 	// it back.
 	e.id = host + ":" + bound[i+1:]
+	return e, nil
+}
+
+// start calls onMessage with the sender identity and payload of every
+// two-frame message, on one goroutine, until close.
+func (e *endpoint) start(onMessage func(from string, data []byte)) {
 	e.wg.Add(1)
 	go e.receive(onMessage)
-	return e, nil
 }
 
 func (e *endpoint) configure(s *zmq.Socket) error {
