@@ -268,7 +268,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// 2. The holder is busy, so load-aware placement picks another pod,
 	// and the picker has it pull the system prompt instead of recomputing.
 	busy := make(chan struct{})
-	f.Pods[0].Gate = busy
+	f.Pods[0].Hold(busy)
 	parked := make(chan error, 1)
 	go func() {
 		_, err := f.Complete(ctx, randomTokens(rng, 512))
@@ -285,7 +285,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := <-parked; err != nil {
 		return err
 	}
-	f.Pods[0].Gate = nil
+	f.Pods[0].Hold(nil)
 	// 3. Everyone idle: the prefix holder wins the tie and hits locally.
 	if err := step("3 idle fleet", join(system, randomTokens(rng, 300))); err != nil {
 		return err

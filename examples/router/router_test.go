@@ -51,7 +51,7 @@ func TestRouterPullsThePrefixWhenTheHolderIsBusy(t *testing.T) {
 
 	// Keep the holder busy so that least-loaded placement goes elsewhere.
 	gate := make(chan struct{})
-	holder.Gate = gate
+	holder.Hold(gate)
 	parked := make(chan error, 1)
 	go func() {
 		_, err := f.Complete(ctx, randomTokens(rng, 64))

@@ -33,9 +33,7 @@ type SimPod struct {
 	net    *fake.Network
 	peer   *fake.Peer // this pod's CPU tier as P2P peers see it
 	p2p    string     // this pod's P2P address on the network
-	// Gate, when set, holds every request until it is closed (tests use it
-	// to keep a pod busy).
-	Gate chan struct{}
+	gate chan struct{} // guarded by mu
 
 	mu  sync.Mutex
 	gpu map[uint64]bool
@@ -110,6 +108,14 @@ func (p *SimPod) P2PPort() int {
 	return port
 }
 
+// Hold makes the pod hold every request it receives until gate is closed
+// (nil: serve at once), to keep it busy in a walkthrough or a test.
+func (p *SimPod) Hold(gate chan struct{}) {
+	p.mu.Lock()
+	p.gate = gate
+	p.mu.Unlock()
+}
+
 // Served returns what the pod has served so far.
 func (p *SimPod) Served() []Served {
 	p.mu.Lock()
@@ -140,9 +146,12 @@ type simRequest struct {
 }
 
 func (p *SimPod) serve(w http.ResponseWriter, r *http.Request) {
-	if p.Gate != nil {
+	p.mu.Lock()
+	gate := p.gate
+	p.mu.Unlock()
+	if gate != nil {
 		select {
-		case <-p.Gate:
+		case <-gate:
 		case <-r.Context().Done():
 			return
 		}
