@@ -31,9 +31,9 @@ type SimPod struct {
 	hasher *hashing.Hasher
 	pub    *events.Publisher
 	net    *fake.Network
-	peer   *fake.Peer // this pod's CPU tier as P2P peers see it
-	p2p    string     // this pod's P2P address on the network
-	gate chan struct{} // guarded by mu
+	peer   *fake.Peer    // this pod's CPU tier as P2P peers see it
+	p2p    string        // this pod's P2P address on the network
+	gate   chan struct{} // guarded by mu
 
 	mu  sync.Mutex
 	gpu map[uint64]bool
