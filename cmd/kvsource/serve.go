@@ -27,7 +27,8 @@ import (
 //	POST /v1/pick   {"model", "tokens", "lora_name"?, "cache_salt"?, "mm_items"?, "request_id"?, "destination",
 //	                 "destination_dp_rank"?, "candidates"?: [{"pod", "dp_rank"?, "waiting", "load"?}], "min_cached_token_delta"?}
 //	                -> {"destination", "source" (or null), "reason", "destination_cached_blocks", "source_blocks",
-//	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params", ...}
+//	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params",
+//	                    "predicted_saving_ms" (with --calibration), ...}
 //	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight
 //	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "gaps", "replays", "decode_errors",
 //	                 "hash_mismatches", "state", "inflight_pulls"}]}
@@ -59,6 +60,7 @@ type serveConfig struct {
 	P2PPort             int
 	InflightTTL         time.Duration
 	Snapshot            string
+	Calibration         string
 	ShutdownTimeout     time.Duration
 }
 
@@ -115,12 +117,13 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&cfg.P2PPort, "p2p-port", picker.DefaultP2PPort, "the engines' base P2P port (VLLM_P2P_SIDE_CHANNEL_PORT); rank r listens on it plus r")
 	fs.DurationVar(&cfg.InflightTTL, "inflight-ttl", picker.DefaultInflightTTL, "how long a pull counts against its source")
 	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved at shutdown")
+	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
 		fmt.Fprintln(stderr, "                      [--http 127.0.0.1:8080] [--algo A] [--seed S] [--block-size N]")
-		fmt.Fprintln(stderr, "                      [--min-cached-token-delta N] [--snapshot FILE]")
+		fmt.Fprintln(stderr, "                      [--min-cached-token-delta N] [--snapshot FILE] [--calibration FILE]")
 		fmt.Fprintln(stderr, "endpoints: POST /v1/score, POST /v1/pick, POST /v1/done, GET /v1/pods, GET /metrics, GET /healthz")
 		fs.PrintDefaults()
 	}

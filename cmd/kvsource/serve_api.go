@@ -92,6 +92,7 @@ type servePickResponse struct {
 	SourceBlocks            int                     `json:"source_blocks"`
 	BestSourceBlocks        int                     `json:"best_source_blocks"`
 	RecomputeBlocks         int                     `json:"recompute_blocks"`
+	PredictedSavingMillis   *float64                `json:"predicted_saving_ms,omitempty"`
 	MissingBlocks           []string                `json:"missing_blocks"`
 	Header                  map[string]string       `json:"header"`
 	KVTransferParams        picker.KVTransferParams `json:"kv_transfer_params"`

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -82,10 +84,22 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 {
 		log.Warn("kvsource serve: no --events-bind or --events-connect: the index changes only by snapshot")
 	}
-	s.pk, err = picker.New(picker.Config{
+	pcfg := picker.Config{
 		Index: s.idx, Hasher: h, MinCachedTokenDelta: cfg.MinCachedTokenDelta,
 		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL,
-	})
+	}
+	if cfg.Calibration != "" {
+		cal, err := serveLoadCalibration(cfg.Calibration)
+		if err != nil {
+			return nil, err
+		}
+		pcfg.Cost = &cal.Model
+		log.Info("kvsource serve: pulls decided by predicted saving", "calibration", cfg.Calibration,
+			"crossover_tokens", cal.Crossover, "recommended_min_cached_token_delta", cal.Threshold,
+			"recompute_ms", fmt.Sprintf("%.3g + %.3g·t + %.3g·t²", cal.Recompute.A, cal.Recompute.B, cal.Recompute.C),
+			"pull_ms", fmt.Sprintf("%.3g + %.3g·t", cal.Pull.Floor, cal.Pull.PerToken))
+	}
+	s.pk, err = picker.New(pcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +136,47 @@ func serveLoadSnapshot(path string, log *slog.Logger) (*index.Index, map[index.H
 	st := idx.Stats()
 	log.Info("kvsource serve: snapshot loaded", "snapshot", path, "holders", st.Holders, "holdings", st.HolderBlocks)
 	return idx, seqs, nil
+}
+
+type serveSampleJSON struct {
+	Tokens int     `json:"tokens"`
+	Millis float64 `json:"ms"`
+}
+
+type serveCalibrationJSON struct {
+	Recompute []serveSampleJSON `json:"recompute"`
+	Pull      []serveSampleJSON `json:"pull"`
+	Margin    *float64          `json:"margin"`
+}
+
+// serveLoadCalibration fits the cost model of a calibration file.
+func serveLoadCalibration(path string) (picker.Calibration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return picker.Calibration{}, fmt.Errorf("--calibration: %w", err)
+	}
+	var c serveCalibrationJSON
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return picker.Calibration{}, fmt.Errorf("--calibration %s: %w", path, err)
+	}
+	samples := func(in []serveSampleJSON) []picker.Sample {
+		out := make([]picker.Sample, len(in))
+		for i, x := range in {
+			out[i] = picker.Sample{Tokens: x.Tokens, Millis: x.Millis}
+		}
+		return out
+	}
+	margin := picker.DefaultMargin
+	if c.Margin != nil {
+		margin = *c.Margin
+	}
+	cal, err := picker.Fit(samples(c.Recompute), samples(c.Pull), margin)
+	if err != nil {
+		return picker.Calibration{}, fmt.Errorf("--calibration %s: %w", path, err)
+	}
+	return cal, nil
 }
 
 // Start listens on the configured address and starts receiving events.
@@ -298,6 +353,9 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	}
 	if d.Reason == picker.ReasonPull {
 		resp.Source, resp.SourceDPRank = &d.Source.Pod, &d.Source.Rank
+		if s.cfg.Calibration != "" {
+			resp.PredictedSavingMillis = &d.SavingMillis
+		}
 		name, value := d.Header()
 		resp.Header[name] = value
 	}

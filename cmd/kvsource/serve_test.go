@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/picker"
 )
 
 // serveRepoRoot returns the directory holding go.mod, above the test's.
@@ -233,4 +234,52 @@ func FuzzServeRequests(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
+	dir := t.TempDir()
+	// Recompute 10 ms + 0.1 ms/token, pull 60 ms + 0.01 ms/token: a pull
+	// saves time from 0.09·t > 50, i.e. 35 blocks of 16 tokens on.
+	calib := filepath.Join(dir, "calibration.json")
+	require.NoError(t, os.WriteFile(calib, []byte(`{
+		"recompute": [{"tokens": 1000, "ms": 110}, {"tokens": 2000, "ms": 210}, {"tokens": 4000, "ms": 410}],
+		"pull": [{"tokens": 1000, "ms": 70}, {"tokens": 4000, "ms": 100}]}`), 0o600))
+	s, base := startServe(t, "--calibration", calib)
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 40*16)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store("m", index.Holder{Pod: "10.0.0.3:8000"}, index.TierGPU, 0, 0, false, keys[:10])
+
+	for _, tc := range []struct {
+		dest   string
+		reason string
+		saving float64
+	}{
+		{"10.0.0.1:8000", "pull", 0.09*40*16 - 50},
+		{"10.0.0.3:8000", "below_threshold", 0},
+	} {
+		code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": tc.dest})
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		var d servePickResponse
+		require.NoError(t, json.Unmarshal(body, &d))
+		require.Equal(t, tc.reason, string(d.Reason), tc.dest)
+		if tc.reason == "pull" {
+			require.InDelta(t, tc.saving, *d.PredictedSavingMillis, 1e-6)
+		} else {
+			require.Nil(t, d.PredictedSavingMillis)
+		}
+	}
+
+	bad := filepath.Join(dir, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"recompute": [{"tokens": 1000, "ms": 110}], "pull": []}`), 0o600))
+	cfg, err := parseServeFlags([]string{"--calibration", bad}, io.Discard)
+	require.NoError(t, err)
+	_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.ErrorIs(t, err, picker.ErrSamples)
 }
