@@ -624,7 +624,7 @@ func (r *receiver) enqueue(ctx context.Context, m message) {
 
 func (r *receiver) dropped(w *worker, m message) {
 	r.s.c.queueFull.Add(1)
-	w.markResync(m.src.pod)
+	w.markResync(m.src.pod, m.seq)
 }
 
 // podOfConn names the pod of a connect-mode message, "" for bind mode.

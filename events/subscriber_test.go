@@ -685,3 +685,39 @@ func TestUnknownEventIsCountedAndTheRestOfItsBatchApplies(t *testing.T) {
 	require.Equal(t, uint64(2), st.UnknownEvents)
 	require.Zero(t, st.DecodeErrors)
 }
+
+func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	s := startSubscriber(t, Config{Sink: sink, Workers: 1, QueueLen: 4, EnqueueTimeout: time.Millisecond})
+	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), Topic: "kv@pod@m"})
+	require.NoError(t, s.AddPod("pod", localEP(port), ""))
+	warmUp(t, p, s, 0)
+	h := index.Holder{Pod: "pod"}
+	sink.mu.Lock()
+	sink.block = make(chan struct{})
+	sink.mu.Unlock()
+	// One batch blocks the worker in the sink, four wait in its queue, the
+	// rest are dropped: the queued ones, older, apply after the drops.
+	var last uint64
+	for i := range uint64(40) {
+		var err error
+		last, err = p.Publish(&Batch{TS: 1, HasDPRank: true, Events: []Event{{Type: EventBlockStored, BlockHashes: []uint64{100 + i}, Medium: "GPU"}}})
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
+	close(sink.block)
+	require.Eventually(t, func() bool {
+		seq, _ := s.LastSeq(h)
+		return s.Stats().Messages == s.Stats().QueueFull+s.Stats().Batches && seq < last
+	}, waitLong, 5*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	require.Equal(t, "stale", statusOf(s, h).State, "its last batches were dropped and nothing replays them")
+
+	// The next batch shows the gap; the gap policy clears and the holder is
+	// live again.
+	publish(t, p, stored(0, nil, 7))
+	requireKeys(t, sink, "m", h, "GPU", 7)
+	require.Equal(t, "live", statusOf(s, h).State)
+}

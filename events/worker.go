@@ -29,8 +29,10 @@ type holder struct {
 	next    uint64 // sequence number expected next
 	liveMax uint64 // highest sequence number received live
 	// resyncing: a message of this pod was dropped on a full queue and its
-	// gap is not resolved yet.
+	// gap is not resolved yet: no batch at or past resyncSeq, the highest
+	// dropped sequence number, has applied and no gap has covered it.
 	resyncing bool
+	resyncSeq uint64
 	keepStale bool // GapKeep: entries may be outdated
 
 	lastLog     time.Time
@@ -76,7 +78,7 @@ type worker struct {
 	congested bool
 
 	resyncMu   sync.Mutex
-	resyncPods map[string]struct{}
+	resyncPods map[string]uint64 // pod -> highest dropped sequence number
 	resyncSig  chan struct{}
 }
 
@@ -84,7 +86,7 @@ func newWorker(s *Subscriber) *worker {
 	return &worker{
 		s: s, in: make(chan message, s.cfg.QueueLen), holders: map[index.Holder]*holder{},
 		dec: NewDecoder(), rdec: NewDecoder(),
-		resyncPods: map[string]struct{}{}, resyncSig: make(chan struct{}, 1),
+		resyncPods: map[string]uint64{}, resyncSig: make(chan struct{}, 1),
 	}
 }
 
@@ -102,10 +104,13 @@ func (w *worker) run() {
 	}
 }
 
-// markResync is called by the receive loop after dropping a message of pod.
-func (w *worker) markResync(pod string) {
+// markResync is called by the receive loop after dropping message seq of
+// pod.
+func (w *worker) markResync(pod string, seq uint64) {
 	w.resyncMu.Lock()
-	w.resyncPods[pod] = struct{}{}
+	if old, ok := w.resyncPods[pod]; !ok || seq > old {
+		w.resyncPods[pod] = seq
+	}
 	w.resyncMu.Unlock()
 	select {
 	case w.resyncSig <- struct{}{}:
@@ -114,21 +119,30 @@ func (w *worker) markResync(pod string) {
 }
 
 // resync handles pods that lost a message to a full queue: holders with a
-// replay endpoint fetch everything after what they applied; the others are
-// stale until their next message shows the gap, which the gap policy then
-// resolves.
+// replay endpoint fetch everything after what they applied; the others, and
+// those whose replay failed, are stale until their next message shows the
+// gap, which the gap policy then resolves. Older messages still queued do
+// not end that: they precede the dropped ones. (The dropped message's rank
+// is unknown, so each holder of the pod waits for the same number.)
 func (w *worker) resync() {
 	w.resyncMu.Lock()
 	pods := w.resyncPods
-	w.resyncPods = map[string]struct{}{}
+	w.resyncPods = map[string]uint64{}
 	w.resyncMu.Unlock()
 	for _, h := range w.holders {
-		if _, ok := pods[h.id.Pod]; !ok || !h.started {
+		dropped, ok := pods[h.id.Pod]
+		if !ok || !h.started {
 			continue
 		}
 		if ep := replayFor(h.src, h.id.Rank); ep != "" {
+			answered := h.replays.Load()
 			w.replay(h, ep, h.next)
-			continue
+			if h.replays.Load() != answered {
+				continue
+			}
+		}
+		if !h.resyncing || dropped > h.resyncSeq {
+			h.resyncSeq = dropped
 		}
 		h.resyncing = true
 		h.setStale()
@@ -273,7 +287,9 @@ func (w *worker) restart(h *holder, seq uint64) {
 func (w *worker) unrecovered(h *holder, from, to uint64, why string) {
 	w.s.c.unrecovered.Add(1)
 	h.unrecovered.Add(1)
-	h.resyncing = false
+	if to >= h.resyncSeq {
+		h.resyncing = false
+	}
 	if w.s.cfg.Gap == GapKeep {
 		w.s.limited.logf(slog.LevelWarn, "events: lost batches, holder stale until the engine clears or restarts",
 			h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
@@ -419,7 +435,9 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 	w.s.c.blocks.Add(blocks)
 	w.s.c.batches.Add(1)
 	h.next = seq + 1
-	h.resyncing = false
+	if seq >= h.resyncSeq {
+		h.resyncing = false
+	}
 	h.lastSeq.Store(seq)
 	h.setStale()
 }
