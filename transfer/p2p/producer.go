@@ -64,8 +64,9 @@ type Producer struct {
 	closed   bool
 	sessions map[string]*peerSession // by consumer identity
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop    chan struct{}
+	wg      sync.WaitGroup // sweep
+	reaping sync.WaitGroup // sessions ending: transfers stopping, remotes closing
 }
 
 // NewProducer registers the store's memory with the data plane and binds
@@ -131,6 +132,20 @@ func (p *Producer) Close() error {
 	}
 	close(p.stop)
 	p.wg.Wait()
+	// Cancelled writes must stop before the data plane goes away; one that
+	// does not within the drain timeout is abandoned, as vLLM does.
+	drained := make(chan struct{})
+	go func() {
+		p.reaping.Wait()
+		close(drained)
+	}()
+	t := time.NewTimer(p.cfg.CancelDrainTimeout)
+	select {
+	case <-drained:
+	case <-t.C:
+		p.cfg.Logger.Warn("p2p producer: closing with transfers still draining")
+	}
+	t.Stop()
 	p.ep.close()
 	return p.cfg.DataPlane.Close()
 }
@@ -538,17 +553,20 @@ func (p *Producer) onAbort(s *peerSession, m message) {
 // they stop, the peer unloaded and the dealer closed. With sendDisconnect
 // the consumer is told first (best effort).
 func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
+	// p.mu is held across the Add so that Close, which takes p.mu before it
+	// waits, is ordered after every drain it must wait for.
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.sessions[s.id] == s {
 		delete(p.sessions, s.id)
 	}
-	p.mu.Unlock()
 	s.mu.Lock()
 	if s.dead {
 		s.mu.Unlock()
 		return
 	}
 	s.dead = true
+	p.reaping.Add(1)
 	var running []chan struct{}
 	for rk, r := range s.rounds {
 		if r.running != nil {
@@ -568,6 +586,7 @@ func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
 	}
 	p.cfg.Logger.Info("p2p producer: session ended", "peer", s.id, "reason", reason)
 	go func() {
+		defer p.reaping.Done()
 		for _, ch := range running {
 			<-ch
 		}
