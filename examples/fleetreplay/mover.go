@@ -102,10 +102,11 @@ type p2pMover struct {
 	buf       []byte
 }
 
-func newP2PMover(pods []*pod, blockLen, longest, cpuBlocks int) (*p2pMover, error) {
+func newP2PMover(pods []*pod, blockLen, longest, cpuBlocks int, hashSeed string) (*p2pMover, error) {
 	m := &p2pMover{bl: blockLen}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ep := p2p.Endpoint{Host: "127.0.0.1", Logger: quiet}
+	// Peers accept each other only with equal hash seeds, as vLLM's do.
+	ep := p2p.Endpoint{Host: "127.0.0.1", HashSeed: hashSeed, Logger: quiet}
 	for range pods {
 		st, err := p2p.NewMemStore(make([]byte, cpuBlocks*blockLen), blockLen)
 		if err != nil {
