@@ -197,7 +197,7 @@ func (c *Client) Connect(ctx context.Context, peer string) (transfer.Session, er
 		return nil, fmt.Errorf("connect %s: %w: %w", peer, transfer.ErrHandshake, err)
 	}
 	n.c.connects.Add(1)
-	return &session{c: c, p: p, pins: newKeySet()}, nil
+	return &session{c: c, p: p, pins: newKeySet(), done: make(chan struct{})}, nil
 }
 
 var errSessionLost = errors.New("session lost")

@@ -508,3 +508,22 @@ func TestConcurrentSessionsAgreeWithASerialModel(t *testing.T) {
 	}
 	require.Equal(t, uint64(peers*4*perPeer), n.Stats().Blocks)
 }
+
+func TestCloseWakesACallWaitingOnAStalledPeer(t *testing.T) {
+	_, p, _, s := setup(t, fake.Config{}, 1)
+	p.SetFaults(fake.Faults{Stall: true})
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Lookup(context.Background(), keys(1, 0))
+		done <- err
+	}()
+	// The lookup may start before or after Close; either way it ends.
+	time.Sleep(10 * time.Millisecond)
+	require.NoError(t, s.Close())
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, transfer.ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("lookup still waiting after Close")
+	}
+}

@@ -21,6 +21,7 @@ type session struct {
 	// holds mu.
 	st       sync.Mutex
 	closed   bool
+	done     chan struct{} // closed by Close, to wake calls waiting on a stalled peer
 	dead     bool
 	inflight context.CancelCauseFunc
 	abortErr error // outcome of the abort an in-flight Fetch performed
@@ -68,8 +69,12 @@ func (s *session) Lookup(ctx context.Context, keys []transfer.Key) ([]bool, erro
 	}
 	f := s.p.Faults()
 	if f.Stall {
-		<-ctx.Done()
-		return nil, fmt.Errorf("lookup at %s: %w", s.p.name, ctx.Err())
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("lookup at %s: %w", s.p.name, ctx.Err())
+		case <-s.done:
+			return nil, fmt.Errorf("lookup at %s: %w", s.p.name, transfer.ErrClosed)
+		}
 	}
 	if err := n.cfg.Sleep(ctx, n.cfg.Latency); err != nil {
 		return nil, fmt.Errorf("lookup at %s: %w", s.p.name, err)
@@ -278,7 +283,11 @@ func (s *session) Abort(ctx context.Context) error {
 		return fmt.Errorf("abort at %s: %w", s.p.name, err)
 	}
 	if s.p.Faults().Stall {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-s.done:
+			return fmt.Errorf("abort at %s: %w", s.p.name, transfer.ErrClosed)
+		}
 		s.markDead()
 		return fmt.Errorf("abort at %s: %w: abort not acknowledged: %w", s.p.name, transfer.ErrPeerLost, ctx.Err())
 	}
@@ -297,6 +306,7 @@ func (s *session) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.done)
 	if s.inflight != nil {
 		s.inflight(transfer.ErrClosed)
 	}

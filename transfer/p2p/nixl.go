@@ -3,7 +3,12 @@
 // The NIXL data plane, built with -tags nixl. It talks to libnixl_capi, the
 // C API NIXL v1.4.0 builds from src/bindings/rust/wrapper.cpp. v1.4.0
 // installs no header for it, so the functions used are declared below from
-// the API's documented signatures.
+// the API's documented signatures. They match v1.4.0 and the header of
+// NIXL's PR #2180 (src/api/c/nixl_capi.h); releases before v1.4.0 took a
+// third "sorted" argument in nixl_capi_create_xfer_dlist and
+// nixl_capi_create_reg_dlist and are not supported. v1.4.0's
+// nixl_capi_get_local_md returns malloc'd memory, released here with free();
+// with PR #2180 that becomes nixl_capi_mem_free.
 //
 // Build and test where NIXL (with UCX) is installed:
 //
