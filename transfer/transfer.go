@@ -57,7 +57,8 @@ type Session interface {
 	// current round's lookups. Fetch returns when all blocks are written and
 	// closes the round. When ctx ends first, Fetch aborts the round and
 	// waits for the peer's acknowledgement before returning an error
-	// wrapping ErrAborted and ctx.Err().
+	// wrapping ErrAborted and ctx.Err(); a peer that never acknowledges is
+	// lost (ErrPeerLost), and its writes may still land.
 	//
 	// Fetch with no keys ends the request: the peer releases its pins and
 	// sends no reply. Call it after a lookup that is not followed by a fetch.
