@@ -192,7 +192,7 @@ func BenchmarkAdd(b *testing.B) {
 				pool[i] = chain(rng.Uint64(), chainLen)
 			}
 			next := 0
-			start := time.Now()
+			start, cpu0 := time.Now(), cpuTime()
 			stored := 0
 			for i := 0; b.Loop(); i++ {
 				l := hl[i%len(hl)]
@@ -231,40 +231,73 @@ func BenchmarkAdd(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(stored)/time.Since(start).Seconds(), "blocks/s")
+			if cpu := cpuTime() - cpu0; cpu > 0 {
+				b.ReportMetric(float64(stored)/cpu.Seconds(), "blocks/cpu-s")
+			}
 		})
 	}
 }
 
 // BenchmarkMemory measures heap per holding with 10M holdings: 64 holders,
-// each with its own chains, on the GPU and a quarter of them on CPU too.
+// each with its own chains of up to 2,048 blocks, on the GPU and a quarter
+// of them on CPU too. "grown" stores them; "steady" then replaces every
+// holding once, oldest chains removed leaf first, as holders at their
+// cache size do.
 func BenchmarkMemory(b *testing.B) {
 	const total = 10_000_000
-	for b.Loop() {
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		ix := New(Config{})
-		rng := rand.New(rand.NewPCG(7, 8))
-		n := 0
-		for n < total {
-			h := Holder{Pod: fmt.Sprintf("10.2.0.%d:8000", rng.IntN(benchHolders))}
-			keys := chain(rng.Uint64(), 1+rng.IntN(benchPromptBlocks))
-			if len(keys) > total-n {
-				keys = keys[:total-n]
-			}
-			tier := TierGPU
-			if rng.IntN(4) == 0 {
-				tier = TierCPU
-			}
-			ix.Store("m", h, tier, 0, 0, false, keys)
-			n += len(keys)
+	for _, steady := range []bool{false, true} {
+		name := "grown"
+		if steady {
+			name = "steady"
 		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		if got := ix.Stats().HolderBlocks; got != total {
-			b.Fatalf("%d holdings, want %d", got, total)
-		}
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/total, "bytes/holder-block")
-		runtime.KeepAlive(ix)
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				ix := New(Config{MaxHolderBlocks: -1})
+				rng := rand.New(rand.NewPCG(7, 8))
+				type stored struct {
+					h    Holder
+					tier string
+					keys []uint64
+				}
+				var fifo []stored
+				n, churned := 0, 0
+				for n < total || steady && churned < total {
+					h := Holder{Pod: fmt.Sprintf("10.2.0.%d:8000", rng.IntN(benchHolders))}
+					keys := chain(rng.Uint64(), 1+rng.IntN(benchPromptBlocks))
+					if n < total && len(keys) > total-n {
+						keys = keys[:total-n]
+					}
+					tier := TierGPU
+					if rng.IntN(4) == 0 {
+						tier = TierCPU
+					}
+					ix.Store("m", h, tier, 0, 0, false, keys)
+					n += len(keys)
+					if steady {
+						fifo = append(fifo, stored{h, tier, keys})
+						for n > total {
+							old := fifo[0]
+							fifo = fifo[1:]
+							slices.Reverse(old.keys)
+							ix.Remove("m", old.h, old.tier, 0, old.keys)
+							n -= len(old.keys)
+							churned += len(old.keys)
+						}
+					}
+				}
+				fifo = nil
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				live := ix.Stats().HolderBlocks
+				if live != int64(n) {
+					b.Fatalf("%d holdings, want %d", live, n)
+				}
+				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(live), "bytes/holder-block")
+				runtime.KeepAlive(ix)
+			}
+		})
 	}
 }
