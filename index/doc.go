@@ -56,7 +56,9 @@
 //
 // Memory is bounded by holdings: a (block, tier) pair costs a 16-byte table
 // slot at 50-81% occupancy and a 5-byte eviction-queue entry, about 30
-// bytes in all. Config.HolderCapacity (or SetHolderCapacity: the pod's real
+// bytes in all for a holder that grew to its size, about 40 for one that
+// keeps replacing its blocks (removed blocks hold their slots until the
+// table is rebuilt). Config.HolderCapacity (or SetHolderCapacity: the pod's real
 // cache size in blocks) caps one holder; Config.MaxHolderBlocks caps the
 // total. Past either, the oldest holdings are evicted (the largest
 // holder's, for the total), counted in Stats and logged at debug level, so
