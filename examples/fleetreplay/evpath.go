@@ -153,11 +153,9 @@ func (e *eventPath) publish(p *pod, b *events.Batch) error {
 
 // poll reads the subscriber's per-holder sequence numbers.
 func (e *eventPath) poll() {
-	for _, st := range e.sub.Status() {
-		for i, p := range e.pods {
-			if p.name == st.Pod && st.Rank == 0 && st.State == "live" {
-				e.applied[i] = max(e.applied[i], st.LastSeq+1)
-			}
+	for i, p := range e.pods {
+		if seq, ok := e.sub.LastSeq(p.holder()); ok {
+			e.applied[i] = max(e.applied[i], seq+1)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -36,14 +37,18 @@ type mover interface {
 // the block it named.
 func fillContent(b []byte, k transfer.Key) {
 	x := xxhash.Sum64(k)
+	var w [8]byte
 	for i := 0; i < len(b); i += 8 {
 		x += 0x9e3779b97f4a7c15
 		z := (x ^ x>>30) * 0xbf58476d1ce4e5b9
 		z = (z ^ z>>27) * 0x94d049bb133111eb
 		z ^= z >> 31
-		for j := 0; j < 8 && i+j < len(b); j++ {
-			b[i+j] = byte(z >> (8 * j))
+		if i+8 <= len(b) {
+			binary.LittleEndian.PutUint64(b[i:], z)
+			continue
 		}
+		binary.LittleEndian.PutUint64(w[:], z)
+		copy(b[i:], w[:])
 	}
 }
 
