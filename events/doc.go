@@ -29,7 +29,9 @@
 //
 // Sequence numbers are tracked per holder:
 //   - A jump forward is a gap. When the pod has a replay endpoint the missed
-//     batches are fetched (both reply formats) and applied in order.
+//     batches are fetched (both reply formats) and applied in order, up to
+//     the batch that showed the gap; Config.ReplayDeadline bounds the whole
+//     replay, since the worker applies no other pod's events meanwhile.
 //   - A gap replay cannot close (no endpoint, timeout, range no longer
 //     buffered) is handled by Config.Gap. The default, GapClear, clears the
 //     holder's entries: from then on the index holds a subset of the

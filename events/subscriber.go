@@ -99,6 +99,13 @@ type Config struct {
 	// default 2s. A holder whose replay failed does not try again for 30s,
 	// so a dead replay endpoint cannot stall its worker on every gap.
 	ReplayTimeout time.Duration
+	// ReplayDeadline bounds a whole replay, however steadily its endpoint
+	// sends; default 10s. A replay stops as soon as it has covered the
+	// sequence numbers the holder is missing, so only a slow or misbehaving
+	// endpoint reaches it: the replay counts as timed out and the gap
+	// policy handles what it did not deliver. The worker applies no other
+	// pod's events meanwhile.
+	ReplayDeadline time.Duration
 	// Gap is the policy after an unrecovered gap; default GapClear.
 	Gap GapPolicy
 	// InitialSeqs holds, for a router restarted from an index snapshot, the
@@ -141,6 +148,7 @@ type Stats struct {
 	Gaps           uint64 // forward sequence jumps
 	Replays        uint64 // replay requests answered in full (gaps, resyncs, joins)
 	ReplayErrors   uint64 // replay requests that failed or timed out
+	ReplayTimeouts uint64 // of ReplayErrors, those that ran out of ReplayTimeout or ReplayDeadline
 	Replayed       uint64 // batches applied from replay
 	Unrecovered    uint64 // gaps replay did not close; the GapPolicy applied
 	Restarts       uint64 // sequences that went backwards: engine restarts
@@ -178,7 +186,7 @@ func (s HolderStatus) Holder() index.Holder { return index.Holder{Pod: s.Pod, Ra
 type counters struct {
 	messages, badMessages, batches, events, blocks, unknown, decodeErrors atomic.Uint64
 	gaps, replays, replayErrors, replayed, unrecovered, restarts, dups    atomic.Uint64
-	queueFull, hashChecks, hashMismatches, unresolved                     atomic.Uint64
+	queueFull, hashChecks, hashMismatches, unresolved, replayTimeouts     atomic.Uint64
 }
 
 // Subscriber receives KV events from engines and applies them to a Sink.
@@ -246,6 +254,9 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	}
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = 2 * time.Second
+	}
+	if cfg.ReplayDeadline <= 0 {
+		cfg.ReplayDeadline = 10 * time.Second
 	}
 	if cfg.ContentMapSize <= 0 {
 		cfg.ContentMapSize = 1 << 20
@@ -333,7 +344,7 @@ func (s *Subscriber) Stats() Stats {
 		Messages: c.messages.Load(), BadMessages: c.badMessages.Load(), Batches: c.batches.Load(),
 		Events: c.events.Load(), Blocks: c.blocks.Load(), UnknownEvents: c.unknown.Load(),
 		DecodeErrors: c.decodeErrors.Load(), Gaps: c.gaps.Load(), Replays: c.replays.Load(),
-		ReplayErrors: c.replayErrors.Load(), Replayed: c.replayed.Load(), Unrecovered: c.unrecovered.Load(),
+		ReplayErrors: c.replayErrors.Load(), ReplayTimeouts: c.replayTimeouts.Load(), Replayed: c.replayed.Load(), Unrecovered: c.unrecovered.Load(),
 		Restarts: c.restarts.Load(), Duplicates: c.dups.Load(), QueueFull: c.queueFull.Load(),
 		HashChecks: c.hashChecks.Load(), HashMismatches: c.hashMismatches.Load(), Unresolved: c.unresolved.Load(),
 	}

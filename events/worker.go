@@ -2,7 +2,6 @@ package events
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -136,7 +135,9 @@ func (w *worker) resync() {
 		}
 		if ep := replayFor(h.src, h.id.Rank); ep != "" {
 			answered := h.replays.Load()
-			w.replay(h, ep, h.next)
+			// No end target: dropped is the pod's, and may belong to another
+			// rank's sequence; ReplayDeadline bounds the replay instead.
+			w.replay(h, ep, h.next, noTarget)
 			if h.replays.Load() != answered {
 				continue
 			}
@@ -215,7 +216,7 @@ func (w *worker) handle(m message) {
 		h.gaps.Add(1)
 		w.s.limited.logf(slog.LevelWarn, "events: sequence gap", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
 		if ep := replayFor(h.src, h.id.Rank); ep != "" {
-			w.replay(h, ep, h.next)
+			w.replay(h, ep, h.next, seq)
 		}
 		if seq > h.next {
 			w.unrecovered(h, h.next, seq-1, "no replay endpoint or replay failed")
@@ -251,7 +252,7 @@ func (w *worker) catchUp(h *holder, seq uint64) {
 		return
 	}
 	h.next = 0
-	w.replay(h, ep, 0)
+	w.replay(h, ep, 0, seq)
 	switch {
 	case h.next == 0:
 		h.next = seq
@@ -303,10 +304,17 @@ func (w *worker) unrecovered(h *holder, from, to uint64, why string) {
 	h.setStale()
 }
 
+// noTarget is the end target of a replay that takes whatever the endpoint
+// has.
+const noTarget = ^uint64(0)
+
 // replay fetches the batches from seq from on and applies those that follow
-// on what h applied, in order. A range the engine no longer buffers is
-// handed to the gap policy (except before h's first batch).
-func (w *worker) replay(h *holder, endpoint string, from uint64) {
+// on what h applied, in order, until the endpoint's end marker or until the
+// batches before seq until are covered: the live stream delivers the rest,
+// and an endpoint sending ever more must not hold the worker. A range the
+// engine no longer buffers is handed to the gap policy (except before h's
+// first batch).
+func (w *worker) replay(h *holder, endpoint string, from, until uint64) {
 	if time.Now().Before(h.replayAfter) {
 		return
 	}
@@ -328,13 +336,21 @@ func (w *worker) replay(h *holder, endpoint string, from uint64) {
 		return
 	}
 	fresh := h.next == 0 && from == 0
-	deadline := time.Now().Add(w.s.cfg.ReplayTimeout)
+	// idle bounds the wait for the next message, end the whole replay: a
+	// trickling endpoint never lets idle run out.
+	end := time.Now().Add(w.s.cfg.ReplayDeadline)
+	idle := time.Now().Add(w.s.cfg.ReplayTimeout)
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)
 	for {
-		left := time.Until(deadline)
+		left := min(time.Until(idle), time.Until(end))
 		if left <= 0 {
-			w.replayFailed(h, endpoint, errors.New("timed out"))
+			w.s.c.replayTimeouts.Add(1)
+			if time.Now().Before(end) {
+				w.replayFailed(h, endpoint, fmt.Errorf("no reply message for %v", w.s.cfg.ReplayTimeout))
+			} else {
+				w.replayFailed(h, endpoint, fmt.Errorf("not complete after %v", w.s.cfg.ReplayDeadline))
+			}
 			return
 		}
 		polled, err := poller.Poll(left)
@@ -350,7 +366,7 @@ func (w *worker) replay(h *holder, endpoint string, from uint64) {
 			w.replayFailed(h, endpoint, err)
 			return
 		}
-		deadline = time.Now().Add(w.s.cfg.ReplayTimeout)
+		idle = time.Now().Add(w.s.cfg.ReplayTimeout)
 		// v26: [empty, topic, seq, payload]; v25: [empty, seq, payload].
 		if (len(frames) != 3 && len(frames) != 4) || len(frames[0]) != 0 || len(frames[len(frames)-2]) != 8 {
 			w.replayFailed(h, endpoint, fmt.Errorf("bad reply framing (%d frames)", len(frames)))
@@ -359,8 +375,7 @@ func (w *worker) replay(h *holder, endpoint string, from uint64) {
 		seqb := frames[len(frames)-2]
 		seq := binary.BigEndian.Uint64(seqb)
 		if seq == ^uint64(0) {
-			w.s.c.replays.Add(1)
-			h.replays.Add(1)
+			w.replayAnswered(h)
 			return
 		}
 		if seq < h.next {
@@ -373,13 +388,31 @@ func (w *worker) replay(h *holder, endpoint string, from uint64) {
 		if w.rbatch.DPRank != h.id.Rank {
 			continue
 		}
+		if seq >= until {
+			// Past the target without reaching it: the endpoint no longer
+			// has the rest.
+			if h.next < until && !fresh {
+				w.unrecovered(h, h.next, until-1, "range no longer in the replay buffer")
+			}
+			w.replayAnswered(h)
+			return
+		}
 		if seq > h.next && !fresh {
 			w.unrecovered(h, h.next, seq-1, "range no longer in the replay buffer")
 		}
 		fresh = false
 		w.s.c.replayed.Add(1)
 		w.apply(h, &w.rbatch, seq)
+		if h.next >= until {
+			w.replayAnswered(h)
+			return
+		}
 	}
+}
+
+func (w *worker) replayAnswered(h *holder) {
+	w.s.c.replays.Add(1)
+	h.replays.Add(1)
 }
 
 // replayBackoff is how long a holder whose replay failed goes without
