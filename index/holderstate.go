@@ -44,6 +44,8 @@ type holderState struct {
 	head     int
 	// sink keeps prefetching loads from being optimised away.
 	sink uint64
+	// scratch holds Remove's slots between its two passes.
+	scratch []int32
 }
 
 func newHolderState(h Holder, capacity int64) *holderState {

@@ -306,10 +306,25 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		return
 	}
 	t := ts.tab.Load()
-	var n int64
 	hs.sink += t.prefetch(keys)
-	for _, k := range keys {
-		if i := t.find(k); i >= 0 && ts.removeGroup(t, i, k, group) {
+	slots := hs.scratch[:0]
+	// A chain listed parent first is removed child first, so that no
+	// block is briefly a gap: gaps make concurrent lookups search again.
+	chained := true
+	for j, k := range keys {
+		i := t.find(k)
+		slots = append(slots, int32(i))
+		if j > 0 && (i < 0 || parentOf(t.slots[i].loadMeta()) != int(slots[j-1])) {
+			chained = false
+		}
+	}
+	hs.scratch = slots
+	var n int64
+	for j := range slots {
+		if chained {
+			j = len(slots) - 1 - j
+		}
+		if i := int(slots[j]); i >= 0 && ts.removeGroup(t, i, keys[j], group) {
 			n++
 		}
 	}

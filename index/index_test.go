@@ -359,3 +359,18 @@ func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
 	require.Zero(t, gapCount(), "no block is held, so none is a gap")
 	require.Zero(t, ix.Stats().HolderBlocks)
 }
+
+func TestRemovingAChainParentFirstOpensNoGap(t *testing.T) {
+	ix := New(Config{})
+	p := chain(1, 64)
+	ix.Store("m", podA, TierGPU, 0, 0, false, p)
+	ms := ix.model("m", false)
+	hs, _ := ms.holders.Load(podA)
+	tab := hs.tierList()[0].tab.Load()
+	before := tab.epoch.Load()
+	ix.Remove("m", podA, TierGPU, 0, p[32:])
+	require.Equal(t, before, tab.epoch.Load(), "lookups racing the removal need not search again")
+	var res Result
+	ix.Lookup("m", p, &res)
+	require.Equal(t, 32, res.Holder(podA).Prefix)
+}
