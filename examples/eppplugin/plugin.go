@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/hashing"
@@ -59,7 +61,13 @@ type Config struct {
 	// P2PPort is the engines' P2P side-channel port for kv_transfer_params;
 	// 0 means the picker's default.
 	P2PPort int
-	Logger  *slog.Logger
+	// StateTTL bounds how long a request's state waits for the end of its
+	// response (a request the EPP drops never gets there); older state is
+	// swept and its pull released. Default 10 minutes.
+	StateTTL time.Duration
+	// Now is the clock StateTTL is measured by; default time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // KVSource is an EPP plugin around kvsource's index and picker. As a data
@@ -78,11 +86,18 @@ type KVSource struct {
 	prefill string
 	log     *slog.Logger
 
-	reqs sync.Map // request id -> *requestState
+	reqs     sync.Map // request id -> *requestState
+	stateTTL time.Duration
+	now      func() time.Time
+	admitted atomic.Uint64
 }
+
+// sweepEvery is how many requests pass between two sweeps of stale state.
+const sweepEvery = 1024
 
 // requestState carries a request from the data producer to the response.
 type requestState struct {
+	created    time.Time
 	model      string
 	keys       []uint64
 	candidates []picker.Candidate
@@ -110,7 +125,13 @@ func New(cfg Config) (*KVSource, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &KVSource{name: cfg.Name, hasher: h, idx: idx, prefill: cfg.PrefillProfile, log: log}
+	p := &KVSource{name: cfg.Name, hasher: h, idx: idx, prefill: cfg.PrefillProfile, log: log, stateTTL: cfg.StateTTL, now: cfg.Now}
+	if p.stateTTL <= 0 {
+		p.stateTTL = 10 * time.Minute
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
 	if p.prefill == "" {
 		p.prefill = "prefill"
 	}
@@ -173,7 +194,7 @@ func (p *KVSource) PrepareRequestData(_ context.Context, req *InferenceRequest, 
 	if err != nil {
 		return fmt.Errorf("kvsource: request %s: %w", req.RequestID, err)
 	}
-	st := &requestState{model: req.TargetModel, keys: keys}
+	st := &requestState{created: p.now(), model: req.TargetModel, keys: keys}
 	for _, e := range endpoints {
 		st.candidates = append(st.candidates, picker.Candidate{Holder: holderOf(e), Waiting: e.GetMetrics().WaitingQueueSize})
 	}
@@ -194,7 +215,25 @@ func (p *KVSource) PrepareRequestData(_ context.Context, req *InferenceRequest, 
 		e.Put(PrefixMatchKey, m)
 	}
 	p.reqs.Store(req.RequestID, st)
+	if p.admitted.Add(1)%sweepEvery == 0 {
+		p.sweep()
+	}
 	return nil
+}
+
+// sweep drops the state of requests older than StateTTL, releasing their
+// pulls.
+func (p *KVSource) sweep() {
+	cutoff := p.now().Add(-p.stateTTL)
+	p.reqs.Range(func(k, v any) bool {
+		if st := v.(*requestState); st.created.Before(cutoff) {
+			p.reqs.Delete(k)
+			if st.decision != nil {
+				st.decision.Done()
+			}
+		}
+		return true
+	})
 }
 
 // Category implements Scorer.

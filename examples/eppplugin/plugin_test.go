@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -166,4 +167,34 @@ func TestWalkthroughSchedulesAroundTheBusyHolderAndPulls(t *testing.T) {
 	require.Contains(t, s, "scheduled on vllm-0\n  PreRequest: no source header")
 	require.Contains(t, s, "scheduled on vllm-2\n  PreRequest: x-kv-cache-source-host-port: 10.0.0.1:8000")
 	require.Contains(t, s, "in flight after the responses ended: 0")
+}
+
+func TestStaleRequestStateIsSweptAndItsPullReleased(t *testing.T) {
+	now := time.Unix(0, 0)
+	idx := index.New(index.Config{})
+	p, err := New(Config{Index: idx, MinCachedTokenDelta: 16, StateTTL: time.Minute, Now: func() time.Time { return now }, Logger: quiet})
+	require.NoError(t, err)
+	w := &world{p: p, idx: idx}
+	w.h, err = hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	for i, name := range []string{"a", "b"} {
+		w.eps = append(w.eps, NewEndpoint(EndpointMetadata{Name: name, Address: fmt.Sprintf("10.2.0.%d", i+1), Port: "8000"}, Metrics{}))
+	}
+	system := tokens(11, 256)
+	w.hold(t, 0, index.TierCPU, system)
+	// A pulled request whose response never ends (the client went away).
+	lost := w.request("lost", append(slices.Clone(system), 1, 2, 3))
+	require.NoError(t, p.PrepareRequestData(context.Background(), lost, w.eps))
+	p.PreRequest(context.Background(), lost, result(w.eps[1], nil))
+	require.Equal(t, 1, p.Picker().Inflight(holderOf(w.eps[0])))
+
+	now = now.Add(2 * time.Minute)
+	for i := range sweepEvery {
+		req := w.request(fmt.Sprintf("r%d", i), tokens(uint64(100+i), 32))
+		require.NoError(t, p.PrepareRequestData(context.Background(), req, w.eps))
+		p.ResponseBody(context.Background(), req, &Response{EndOfStream: true}, nil)
+	}
+	_, ok := p.reqs.Load("lost")
+	require.False(t, ok, "the lost request's state is swept")
+	require.Zero(t, p.Picker().Inflight(holderOf(w.eps[0])), "and its pull released")
 }
