@@ -26,8 +26,11 @@ bench: deps
 demo: deps
 	$(GO) run ./examples/fleetreplay
 
-# Short fuzzing pass over every decoder (make fuzz FUZZTIME=5m for longer).
+# Short fuzzing pass over every decoder and parser (make fuzz FUZZTIME=5m for longer).
 FUZZTIME ?= 30s
 fuzz: deps
 	$(GO) test ./hashing -run '^$$' -fuzz FuzzCBOR -fuzztime $(FUZZTIME)
 	$(GO) test ./events -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	$(GO) test ./transfer/p2p -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
