@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -150,6 +151,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tracePath, "trace", "", "also write every request's route and TTFT as CSV to this file")
 	fs.BoolVar(&o.plots, "plot", o.plots, "draw the per-request TTFT plots")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replay to this file")
+	verbose := fs.Bool("v", false, "log the SDK's warnings (subscriber, index) to stderr")
 	prog := fs.String("progress", "auto", "progress bar on stderr: auto (on a terminal), always, never")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -162,6 +164,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errUsage
 	}
 	o.seed = *seed
+	if *verbose {
+		o.logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	o.hashing.Algo = hashing.Algo(*algo)
 	o.hashing.Seed = *hseed
 	o.scenarios = strings.Split(*scen, ",")

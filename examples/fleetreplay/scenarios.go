@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 
 	"github.com/kvsource/kvsource/hashing"
@@ -51,6 +52,7 @@ type options struct {
 	tracePath    string
 	samePods     bool
 	cpuProfile   string
+	logger       *slog.Logger
 	// audit, when set, sees every pick decision with the pods' true state
 	// (tests).
 	audit        func(r *request, dest *pod, d *picker.Decision)
@@ -272,7 +274,7 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 	}
 	bar := newProgress(stderr, total, o.showProgress)
 	defer bar.finish()
-	opt := sdkOptions{transport: o.transport, blockBytes: o.blockBytes, hashCheck: o.hashCheck}
+	opt := sdkOptions{transport: o.transport, blockBytes: o.blockBytes, hashCheck: o.hashCheck, logger: o.logger}
 	var out []*scenarioResult
 	var cur *scenarioResult
 	for _, pr := range pairs {

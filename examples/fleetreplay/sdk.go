@@ -16,7 +16,8 @@ import (
 
 // sdkOptions select how the SDK path is built.
 type sdkOptions struct {
-	// transport is "fake" (transfer/fake, in memory).
+	// transport is "p2p" (transfer/p2p: vLLM's protocol over ZMQ on
+	// loopback) or "fake" (transfer/fake, in memory).
 	transport string
 	// blockBytes is the size of a block's stand-in content that pulls move
 	// and verify.
