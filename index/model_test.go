@@ -380,3 +380,63 @@ func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int
 	}
 	return n
 }
+
+func TestLookupsStayExactThroughEvictions(t *testing.T) {
+	pc := propConfig{models: 1, holders: 3, ops: 800, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1}, engineLike: true}
+	for seed := range uint64(4) {
+		w := newWorkload(t, pc, 500+seed)
+		// Small limits: the oldest blocks, often parents, go first. The
+		// reference model no longer knows what is held, so the oracle
+		// asks the tables block by block.
+		ix := New(Config{HolderCapacity: 150, MaxHolderBlocks: 300})
+		for op := range pc.ops {
+			w.mutate(ix)
+			if op%4 != 0 {
+				continue
+			}
+			q := w.u.path(1 + w.rng.IntN(pc.maxLen))
+			var res Result
+			ix.Lookup("m0", q, &res)
+			require.Equal(t, oracleLookup(ix, "m0", q), hitsByHolder(&res), "seed %d op %d", seed, op)
+			w.searched += checkSearch(t, ix, "m0", q, w.rng.IntN(len(q)))
+		}
+		s := ix.Stats()
+		require.Positive(t, s.EvictedCapacity+s.EvictedBudget)
+		require.LessOrEqual(t, s.HolderBlocks, int64(300))
+		require.Positive(t, w.searched)
+	}
+}
+
+// oracleLookup is Lookup computed by probing every block of every table.
+func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
+	out := make(map[Holder]Hit)
+	ms := ix.model(model, false)
+	if ms == nil {
+		return out
+	}
+	for _, hs := range *ms.list.Load() {
+		hit := Hit{Holder: hs.h}
+		tiers := hs.tierList()
+		heldAt := func(i int) bool {
+			for _, ts := range tiers {
+				if held(ts.tab.Load().get(keys[i])) {
+					return true
+				}
+			}
+			return false
+		}
+		for _, ts := range tiers {
+			if n := ts.tab.Load().linear(keys, 0); n > 0 {
+				hit.Tiers = append(hit.Tiers, TierPrefix{ts.name, n})
+			}
+		}
+		for hit.Prefix < len(keys) && heldAt(hit.Prefix) {
+			hit.Prefix++
+		}
+		if hit.Prefix > 0 {
+			sortTiers(hit.Tiers)
+			out[hs.h] = hit
+		}
+	}
+	return out
+}
