@@ -159,7 +159,7 @@ func TestHashCheckConvertsOnlyTheCheckedBlocksExtraKeys(t *testing.T) {
 	s, err := NewSubscriber(Config{Sink: newRecSink(), Hasher: hs, Logger: newTextLogger(discard{})})
 	require.NoError(t, err)
 	w := newWorker(s)
-	h := w.holder(&source{pod: "pod"}, 0, "m")
+	h := w.holder(&source{pod: "pod"}, 0, "m", 0)
 	loraTuple := []byte{0x91, 0xa7, 'm', 'y', '-', 'l', 'o', 'r', 'a'}
 	event := func(blocks int) *Event {
 		tokens := seqTokens(0, 4*blocks)

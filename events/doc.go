@@ -25,7 +25,9 @@
 // removed at run time with AddPod and RemovePod, libzmq reconnecting), or
 // both. A holder is a (pod, data-parallel rank) pair; all messages of a pod
 // go to one of Config.Workers workers, so each holder's events apply in
-// order, and drive a Sink, normally an *index.Index.
+// order, and drive a Sink, normally an *index.Index. Config.MaxHolders
+// bounds the holders peers can make the subscriber track (in bind mode a
+// topic names any pod and a payload any rank).
 //
 // Sequence numbers are tracked per holder:
 //   - A jump forward is a gap. When the pod has a replay endpoint the missed

@@ -25,18 +25,28 @@ type logState struct {
 }
 
 func (l *logLimiter) logf(level slog.Level, msg, pod string, args ...any) {
+	l.log1(logKey{msg, pod}, level, msg, pod, args)
+}
+
+// logAny is logf limited per message whatever the pod, for lines that peers
+// can cause under names of their choosing.
+func (l *logLimiter) logAny(level slog.Level, msg, pod string, args ...any) {
+	l.log1(logKey{msg: msg}, level, msg, pod, args)
+}
+
+func (l *logLimiter) log1(key logKey, level slog.Level, msg, pod string, args []any) {
 	now := time.Now()
 	l.mu.Lock()
 	if l.last == nil {
 		l.last = map[logKey]*logState{}
 	}
-	st := l.last[logKey{msg, pod}]
+	st := l.last[key]
 	if st == nil {
 		if len(l.last) > 4096 {
 			clear(l.last) // bounded: many pods each lose one line at worst
 		}
 		st = &logState{}
-		l.last[logKey{msg, pod}] = st
+		l.last[key] = st
 	} else if now.Sub(st.at) < l.interval {
 		st.suppressed++
 		l.mu.Unlock()

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -21,4 +22,15 @@ func TestLogLimiterLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 	time.Sleep(60 * time.Millisecond)
 	l.logf(slog.LevelError, "bad payload", "pod-a", "seq", 100)
 	require.Contains(t, buf.String(), "pod=pod-a seq=100 suppressed=99")
+}
+
+func TestLogLimiterLogsAnyOncePerIntervalWhateverThePod(t *testing.T) {
+	var buf syncBuffer
+	l := &logLimiter{log: newTextLogger(&buf), interval: time.Hour}
+	for i := range 100 {
+		l.logAny(slog.LevelWarn, "new holder dropped", fmt.Sprintf("pod-%d", i), "seq", i)
+	}
+	l.logf(slog.LevelWarn, "new holder dropped", "pod-0", "seq", 0)
+	require.Equal(t, 2, strings.Count(buf.String(), "new holder dropped"), "one line for all pods, and logf's own")
+	require.Contains(t, buf.String(), "pod=pod-0 seq=0")
 }

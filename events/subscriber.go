@@ -129,6 +129,14 @@ type Config struct {
 	MismatchLogInterval time.Duration
 	// RcvHWM is the SUB sockets' receive high-water mark; default 100,000.
 	RcvHWM int
+	// MaxHolders bounds the holders (pod, data-parallel rank pairs) the
+	// subscriber tracks, and the pods it keeps decode-error counts for:
+	// in bind mode any peer names its pod in the topic and its rank in the
+	// payload, so without a bound it could grow the subscriber's state
+	// without end. Messages of a new holder past the bound are dropped
+	// (Stats.HolderLimit, and a rate-limited log line); holders already
+	// known are unaffected. Default 4096.
+	MaxHolders int
 	// MaxMessageSize bounds a received message's frames in bytes (libzmq
 	// drops the connection of a peer sending more); default 64 MiB.
 	MaxMessageSize int64
@@ -157,6 +165,7 @@ type Stats struct {
 	HashChecks     uint64 // hash agreement checks run
 	HashMismatches uint64 // hash agreement checks that failed
 	Unresolved     uint64 // content mode: blocks whose content key was unknown
+	HolderLimit    uint64 // dropped: their holder would be new and pass Config.MaxHolders
 }
 
 // HolderStatus is the state of one holder's event stream.
@@ -187,6 +196,7 @@ type counters struct {
 	messages, badMessages, batches, events, blocks, unknown, decodeErrors atomic.Uint64
 	gaps, replays, replayErrors, replayed, unrecovered, restarts, dups    atomic.Uint64
 	queueFull, hashChecks, hashMismatches, unresolved, replayTimeouts     atomic.Uint64
+	holderLimit                                                           atomic.Uint64
 }
 
 // Subscriber receives KV events from engines and applies them to a Sink.
@@ -202,8 +212,10 @@ type Subscriber struct {
 	dirty   atomic.Bool
 	running bool
 
-	holders sync.Map // index.Holder -> *holder
-	pods    sync.Map // pod -> *podCounters
+	holders  sync.Map // index.Holder -> *holder
+	pods     sync.Map // pod -> *podCounters
+	nHolders atomic.Int64
+	nPods    atomic.Int64
 }
 
 // conn is one connect-mode endpoint; its socket belongs to the receive loop.
@@ -263,6 +275,9 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	}
 	if cfg.MismatchLogInterval <= 0 {
 		cfg.MismatchLogInterval = time.Minute
+	}
+	if cfg.MaxHolders <= 0 {
+		cfg.MaxHolders = 4096
 	}
 	if cfg.RcvHWM <= 0 {
 		cfg.RcvHWM = 100000
@@ -347,6 +362,7 @@ func (s *Subscriber) Stats() Stats {
 		ReplayErrors: c.replayErrors.Load(), ReplayTimeouts: c.replayTimeouts.Load(), Replayed: c.replayed.Load(), Unrecovered: c.unrecovered.Load(),
 		Restarts: c.restarts.Load(), Duplicates: c.dups.Load(), QueueFull: c.queueFull.Load(),
 		HashChecks: c.hashChecks.Load(), HashMismatches: c.hashMismatches.Load(), Unresolved: c.unresolved.Load(),
+		HolderLimit: c.holderLimit.Load(),
 	}
 }
 
@@ -392,11 +408,20 @@ func (s *Subscriber) LastSeq(h index.Holder) (uint64, bool) {
 	return v.(*holder).lastSeq.Load(), true
 }
 
+// podCounters returns pod's counters, nil when pod is new and
+// Config.MaxHolders pods already have some.
 func (s *Subscriber) podCounters(pod string) *podCounters {
 	if v, ok := s.pods.Load(pod); ok {
 		return v.(*podCounters)
 	}
-	v, _ := s.pods.LoadOrStore(pod, &podCounters{})
+	if s.nPods.Add(1) > int64(s.cfg.MaxHolders) {
+		s.nPods.Add(-1)
+		return nil
+	}
+	v, loaded := s.pods.LoadOrStore(pod, &podCounters{})
+	if loaded {
+		s.nPods.Add(-1)
+	}
 	return v.(*podCounters)
 }
 
@@ -593,7 +618,11 @@ func (r *receiver) drain(ctx context.Context, sock *zmq.Socket) {
 			m.src = r.sources[pod]
 			if m.src == nil {
 				m.src = &source{pod: pod}
-				r.sources[pod] = m.src
+				// Bounded like the holders: names a peer makes up must not
+				// grow the map without end.
+				if len(r.sources) < r.s.cfg.MaxHolders {
+					r.sources[pod] = m.src
+				}
 			}
 		}
 		m.model = model

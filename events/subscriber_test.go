@@ -10,6 +10,7 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -720,4 +721,69 @@ func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing
 	publish(t, p, stored(0, nil, 7))
 	requireKeys(t, sink, "m", h, "GPU", 7)
 	require.Equal(t, "live", statusOf(s, h).State)
+}
+
+func TestNewHoldersPastMaxHoldersAreDroppedAndKnownOnesKeepApplying(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	sink := newRecSink()
+	var logs syncBuffer
+	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, MaxHolders: 2, Logger: newTextLogger(&logs)})
+	a := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@a@m"})
+	a1 := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@a@m"})
+	warmUp(t, a, s, 0)
+	warmUp(t, a1, s, 1)
+
+	const refused = "holder limit reached"
+	b := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@b@m"})
+	require.Eventually(t, func() bool {
+		publish(t, b, stored(0, nil, 7))
+		return s.Stats().HolderLimit > 0
+	}, waitLong, 20*time.Millisecond)
+	require.Contains(t, logs.String(), refused)
+	require.Regexp(t, `pod=b rank=0 seq=\d+`, logs.String())
+
+	// A new rank of a known pod is a new holder too.
+	rank2 := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@a@m"})
+	before := s.Stats().HolderLimit
+	require.Eventually(t, func() bool {
+		publish(t, rank2, stored(2, nil, 8))
+		return s.Stats().HolderLimit > before
+	}, waitLong, 20*time.Millisecond)
+	before = s.Stats().HolderLimit
+	for range 50 {
+		publish(t, rank2, stored(2, nil, 8))
+		publish(t, b, stored(0, nil, 7))
+	}
+	publish(t, a, stored(0, nil, 9))
+	require.Eventually(t, func() bool { return s.Stats().HolderLimit >= before+100 }, waitLong, 10*time.Millisecond)
+	require.Less(t, strings.Count(logs.String(), refused), 10, "the warning is rate-limited")
+
+	publish(t, a1, stored(1, nil, 10))
+	requireKeys(t, sink, "m", index.Holder{Pod: "a"}, "GPU", 9)
+	requireKeys(t, sink, "m", index.Holder{Pod: "a", Rank: 1}, "GPU", 10)
+	require.Empty(t, sink.keys("m", index.Holder{Pod: "a", Rank: 2}, "GPU"))
+	require.Empty(t, sink.keys("m", index.Holder{Pod: "b"}, "GPU"))
+	var holders []index.Holder
+	for _, st := range s.Status() {
+		holders = append(holders, st.Holder())
+	}
+	require.Equal(t, []index.Holder{{Pod: "a"}, {Pod: "a", Rank: 1}}, holders)
+
+	// Pods known only by their malformed payloads are bounded as well.
+	malformed := func(pod string, arrived func() bool) {
+		p := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@" + pod + "@m"})
+		require.Eventually(t, func() bool {
+			_, err := p.PublishPayload([]byte{0xc1})
+			require.NoError(t, err)
+			return arrived()
+		}, waitLong, 20*time.Millisecond)
+	}
+	for _, pod := range []string{"x", "y"} {
+		malformed(pod, func() bool { return statusOf(s, index.Holder{Pod: pod}).DecodeErrors > 0 })
+	}
+	time.Sleep(100 * time.Millisecond)
+	errs := s.Stats().DecodeErrors
+	malformed("z", func() bool { return s.Stats().DecodeErrors > errs })
+	require.Len(t, s.Status(), 4, "two holders and two pods with decode errors")
 }

@@ -176,10 +176,22 @@ func offsetPort(ep string, off int) string {
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+off))
 }
 
-func (w *worker) holder(src *source, rank int, model string) *holder {
+// holder returns the holder of rank of src, creating it when new; nil, the
+// message counted and logged as dropped, when it is new and the subscriber
+// holds Config.MaxHolders holders already.
+func (w *worker) holder(src *source, rank int, model string, seq uint64) *holder {
 	id := index.Holder{Pod: src.pod, Rank: rank}
 	h := w.holders[id]
 	if h == nil {
+		if w.s.nHolders.Add(1) > int64(w.s.cfg.MaxHolders) {
+			w.s.nHolders.Add(-1)
+			w.s.c.holderLimit.Add(1)
+			// Limited across pods: a peer inventing names must not flood
+			// the log either.
+			w.s.limited.logAny(slog.LevelWarn, "events: holder limit reached, dropping a new holder's message",
+				src.pod, "rank", rank, "seq", seq, "max_holders", w.s.cfg.MaxHolders)
+			return nil
+		}
 		h = &holder{id: id}
 		if seq, ok := w.s.cfg.InitialSeqs[id]; ok {
 			h.started, h.next, h.liveMax = true, seq+1, seq
@@ -204,7 +216,10 @@ func (w *worker) handle(m message) {
 		w.decodeError(m.src.pod, m.seq, err)
 		return
 	}
-	h := w.holder(m.src, w.batch.DPRank, m.model)
+	h := w.holder(m.src, w.batch.DPRank, m.model, m.seq)
+	if h == nil {
+		return
+	}
 	seq := m.seq
 	switch {
 	case !h.started:
@@ -263,7 +278,9 @@ func (w *worker) catchUp(h *holder, seq uint64) {
 
 func (w *worker) decodeError(pod string, seq uint64, err error) {
 	w.s.c.decodeErrors.Add(1)
-	w.s.podCounters(pod).decodeErrors.Add(1)
+	if pc := w.s.podCounters(pod); pc != nil {
+		pc.decodeErrors.Add(1)
+	}
 	w.s.limited.logf(slog.LevelError, "events: dropped malformed payload", pod, "seq", seq, "err", err)
 }
 
