@@ -58,14 +58,15 @@
 // slot at 50-81% occupancy and a 5-byte eviction-queue entry, about 30
 // bytes in all for a holder that grew to its size, about 40 for one that
 // keeps replacing its blocks (removed blocks hold their slots until the
-// table is rebuilt). Config.HolderCapacity (or SetHolderCapacity: the pod's real
-// cache size in blocks) caps one holder; Config.MaxHolderBlocks caps the
-// total. Past either, the oldest holdings are evicted (the largest
-// holder's, for the total), counted in Stats and logged at debug level, so
-// lost removal events cannot grow the index without bound. A holding
-// removed and stored again keeps its first place in that order until the
-// holder's eviction queue is next compacted. Unheld ancestors of held
-// blocks are kept as long as those are, so that depths stay meaningful.
+// table is rebuilt). Config.HolderCapacity (or SetHolderCapacity: the
+// pod's real cache size in blocks) caps one holder; Config.MaxHolderBlocks
+// caps the total. Past either, the oldest holdings are evicted (the
+// largest holder's, for the total), counted in Stats and logged at debug
+// level, so lost removal events cannot grow the index without bound. A
+// holding removed and stored again keeps its first place in that order
+// until the holder's eviction queue is next compacted. Unheld ancestors of
+// held blocks are kept as long as those are, so that depths stay
+// meaningful.
 //
 // # Snapshots
 //
