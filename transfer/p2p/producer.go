@@ -442,7 +442,13 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 			break
 		}
 	}
-	if _, dup := s.fetched[rk]; bad == nil && dup {
+	// A running round is fetched whether or not its record is still kept (an
+	// empty fetch or the sweep may have dropped it).
+	_, dup := s.fetched[rk]
+	if r := s.rounds[rk]; r != nil && r.running != nil {
+		dup = true
+	}
+	if bad == nil && dup {
 		bad = fmt.Errorf("%w: duplicate fetch for round %d", ErrMalformed, rk.seq)
 	}
 	if bad != nil {

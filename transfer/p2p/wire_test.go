@@ -498,3 +498,23 @@ func TestClientMatchesUnknownIdentitiesOnlyToHandshakingSessions(t *testing.T) {
 	require.Same(t, d, c.match("pod-d:9999"), "the only session still waiting")
 	require.Nil(t, c.match("pod-e:9999"))
 }
+
+// A fetch of a round whose transfer still runs is a duplicate even after an
+// empty fetch dropped the round's fetched record; serving it would start a
+// second write on the same round.
+func TestProducerDropsASecondFetchOfARunningRound(t *testing.T) {
+	plane := newGatedPlane()
+	p, store := newTestProducer(t, 1, func(c *ProducerConfig) { c.DataPlane = plane })
+	peer, _ := handshakeRaw(t, p, nil)
+	peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+	peer.expect(TypeLookupResp)
+	fetch := message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}}
+	peer.send(fetch)
+	plane.waitStarted(t)
+	peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{}, BlockIndexes: []uint64{}})
+	peer.send(fetch)
+	require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
+	require.Equal(t, uint64(1), p.Stats().Malformed)
+	close(plane.release)
+	require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+}
