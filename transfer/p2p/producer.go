@@ -345,6 +345,13 @@ func (p *Producer) onConnect(from string, m message) {
 		return
 	}
 	s.mu.Lock()
+	if s.dead {
+		// Reaped while the metadata loaded (connection lost, producer
+		// closing): the reaper saw no remote to unload.
+		s.mu.Unlock()
+		_ = remote.Close()
+		return
+	}
 	s.remote, s.numBlocks, s.handshaken = remote, n, true
 	s.mu.Unlock()
 	b, _ := (&message{Type: TypeConnectAck, PeerID: p.ep.id}).encode()

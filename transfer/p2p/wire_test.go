@@ -518,3 +518,44 @@ func TestProducerDropsASecondFetchOfARunningRound(t *testing.T) {
 	close(plane.release)
 	require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
 }
+
+// slowAddPlane holds AddRemote until release and reports each remote's Close.
+type slowAddPlane struct {
+	*InProcess
+	adding  chan struct{}
+	release chan struct{}
+	closed  chan struct{}
+}
+
+func (p *slowAddPlane) AddRemote(md []byte, base uint64, n, bl int) (Remote, error) {
+	p.adding <- struct{}{}
+	<-p.release
+	r, err := p.InProcess.AddRemote(md, base, n, bl)
+	if err != nil {
+		return nil, err
+	}
+	return closeReporter{r, p.closed}, nil
+}
+
+type closeReporter struct {
+	Remote
+	closed chan struct{}
+}
+
+func (r closeReporter) Close() error {
+	r.closed <- struct{}{}
+	return r.Remote.Close()
+}
+
+func TestProducerUnloadsAPeerLostWhileItsMetadataLoads(t *testing.T) {
+	plane := &slowAddPlane{InProcess: NewInProcess(), adding: make(chan struct{}, 1), release: make(chan struct{}), closed: make(chan struct{}, 1)}
+	p, _ := newTestProducer(t, 1, func(c *ProducerConfig) { c.DataPlane = plane })
+	peer, _ := rawConsumer(t, p, nil)
+	peer.expect(TypeConnect)
+	receive(t, plane.adding)
+	peer.close()
+	require.Eventually(t, func() bool { return p.Stats().Lost == 1 }, 5*time.Second, 10*time.Millisecond)
+	close(plane.release)
+	receive(t, plane.closed)
+	require.Zero(t, p.Stats().Sessions, "the lost consumer was never acknowledged")
+}
