@@ -19,8 +19,17 @@
 //
 // A router hashes the prompt, asks the picker, and applies the decision:
 //
-//	h, _ := hashing.New(hashing.Config{})          // vLLM's defaults
-//	keys, _ := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-//	d := p.Pick(picker.Request{Model: model, Keys: keys, Destination: chosen})
-//	if d.Reason == picker.ReasonPull { /* send d.Header() with the request */ }
+//	h, _ := hashing.New(hashing.Config{})           // vLLM's defaults
+//	ix := index.New(index.Config{})
+//	sub, _ := events.NewSubscriber(events.Config{Sink: ix, Bind: []string{"tcp://*:5557"}, Hasher: h})
+//	go sub.Run(ctx)
+//	p, _ := picker.New(picker.Config{Index: ix, Hasher: h})
+//	d, _ := p.Pick(picker.Request{ID: id, Model: model, Prompt: hashing.Request{Tokens: tokens}, Destination: chosen})
+//	if d.Reason == picker.ReasonPull {
+//		name, value := d.Header() // x-kv-cache-source-host-port: host:port
+//		// forward the request with the header; d.Done() when the pull is over
+//	}
+//
+// The examples folder holds a fleet replay (make demo), an HTTP router and an
+// llm-d endpoint-picker plugin built on these packages.
 package kvsource
