@@ -29,7 +29,8 @@
 //
 // round_seq is always sent; a received message without it reads as round 0,
 // so peers from before rounds existed interoperate. Unknown keys are
-// skipped and unknown types ignored with a warning, as vLLM does.
+// skipped and unknown types ignored with a warning, as vLLM does. A frame
+// over 64 MiB is refused by the socket (the sender's connection drops).
 //
 // # Protocol
 //

@@ -37,6 +37,12 @@ func (h Heartbeat) withDefaults() Heartbeat {
 	return h
 }
 
+// maxMessageSize bounds a received frame, so a hostile or broken peer
+// cannot make us allocate without limit: libzmq drops the connection of a
+// peer that sends more. Real messages are far smaller (a lookup of 100k keys
+// is about 4 MiB).
+const maxMessageSize = 64 << 20
+
 // pollInterval bounds how long a receive loop blocks before it checks for
 // shutdown.
 const pollInterval = 50 * time.Millisecond
@@ -83,6 +89,9 @@ func listen(host string, port int, hb Heartbeat, log *slog.Logger) (*endpoint, e
 		return fail(err)
 	}
 	if err := e.router.SetRcvtimeo(pollInterval); err != nil {
+		return fail(fmt.Errorf("p2p: router socket: %w", err))
+	}
+	if err := e.router.SetMaxmsgsize(maxMessageSize); err != nil {
 		return fail(fmt.Errorf("p2p: router socket: %w", err))
 	}
 	p := "*"

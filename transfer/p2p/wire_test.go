@@ -559,3 +559,17 @@ func TestProducerUnloadsAPeerLostWhileItsMetadataLoads(t *testing.T) {
 	receive(t, plane.closed)
 	require.Zero(t, p.Stats().Sessions, "the lost consumer was never acknowledged")
 }
+
+func TestOversizedFramesAreDroppedBeforeDecoding(t *testing.T) {
+	p, _ := newTestProducer(t, 1)
+	big := newRawPeer(t, "127.0.0.1")
+	big.dial(p.ID())
+	big.sendRaw(make([]byte, maxMessageSize+1))
+	small := newRawPeer(t, "127.0.0.1")
+	small.dial(p.ID())
+	small.sendRaw([]byte("junk"))
+	require.Eventually(t, func() bool { return p.Stats().Malformed == 1 }, 5*time.Second, 10*time.Millisecond)
+	// Unbounded, the big frame arrives over loopback well within this.
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, uint64(1), p.Stats().Malformed, "the oversized frame never reached the decoder")
+}
