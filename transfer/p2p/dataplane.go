@@ -69,7 +69,8 @@ type inprocAgent struct {
 // by name in a process-wide registry, and a write is a memory copy. It lets
 // the protocol run end to end over real sockets without NIXL.
 type InProcess struct {
-	agent *inprocAgent
+	// agent is read by Sync, which a consumer may call as it closes.
+	agent atomic.Pointer[inprocAgent]
 }
 
 // NewInProcess returns an in-process data plane.
@@ -77,7 +78,7 @@ func NewInProcess() *InProcess { return &InProcess{} }
 
 // Register implements DataPlane.
 func (p *InProcess) Register(mem []byte, blockLen int) ([]byte, error) {
-	if p.agent != nil {
+	if p.agent.Load() != nil {
 		return nil, fmt.Errorf("%w: already registered", ErrDataPlane)
 	}
 	if blockLen <= 0 || len(mem) < blockLen {
@@ -87,20 +88,21 @@ func (p *InProcess) Register(mem []byte, blockLen int) ([]byte, error) {
 	inprocMu.Lock()
 	inprocAgents[a.name] = a
 	inprocMu.Unlock()
-	p.agent = a
+	p.agent.Store(a)
 	return []byte(inprocPrefix + a.name), nil
 }
 
 // AddRemote implements DataPlane.
 func (p *InProcess) AddRemote(md []byte, _ uint64, numBlocks, blockLen int) (Remote, error) {
-	if p.agent == nil {
+	local := p.agent.Load()
+	if local == nil {
 		return nil, fmt.Errorf("%w: not registered", ErrDataPlane)
 	}
 	name, ok := strings.CutPrefix(string(md), inprocPrefix)
 	if !ok {
 		return nil, fmt.Errorf("%w: agent metadata is not from an in-process data plane", ErrDataPlane)
 	}
-	if name == p.agent.name {
+	if name == local.name {
 		return nil, fmt.Errorf("%w: remote agent %s is the local agent", ErrDataPlane, name)
 	}
 	inprocMu.Lock()
@@ -113,29 +115,28 @@ func (p *InProcess) AddRemote(md []byte, _ uint64, numBlocks, blockLen int) (Rem
 		return nil, fmt.Errorf("%w: agent %s registered %d bytes in blocks of %d, peer described %d blocks of %d",
 			ErrDataPlane, name, len(a.mem), a.blockLen, numBlocks, blockLen)
 	}
-	return &inprocRemote{local: p.agent, remote: a, numBlocks: numBlocks}, nil
+	return &inprocRemote{local: local, remote: a, numBlocks: numBlocks}, nil
 }
 
 // Sync implements DataPlane.
 func (p *InProcess) Sync() {
-	if p.agent != nil {
+	if a := p.agent.Load(); a != nil {
 		// An empty critical section: it orders the writers' copies, made
 		// under the lock, before the caller's reads.
-		p.agent.mu.Lock()
-		p.agent.mu.Unlock() //nolint:staticcheck // SA2001: intentional
-
+		a.mu.Lock()
+		a.mu.Unlock() //nolint:staticcheck // SA2001: intentional
 	}
 }
 
 // Close implements DataPlane.
 func (p *InProcess) Close() error {
-	if p.agent == nil {
+	a := p.agent.Swap(nil)
+	if a == nil {
 		return nil
 	}
 	inprocMu.Lock()
-	delete(inprocAgents, p.agent.name)
+	delete(inprocAgents, a.name)
 	inprocMu.Unlock()
-	p.agent = nil
 	return nil
 }
 

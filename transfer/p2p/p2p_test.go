@@ -345,3 +345,19 @@ func TestClientValidatesFetchArguments(t *testing.T) {
 	require.ErrorIs(t, err, transfer.ErrInvalid)
 	require.Zero(t, f.prod.Stats().Lookups, "nothing invalid reached the wire")
 }
+
+// A client closing while a fetch completes may Sync and Close its data
+// plane at once.
+func TestInProcessSyncAndCloseMayRun(t *testing.T) {
+	p := NewInProcess()
+	_, err := p.Register(make([]byte, testBlockLen), testBlockLen)
+	require.NoError(t, err)
+	synced := make(chan struct{})
+	go func() {
+		p.Sync()
+		close(synced)
+	}()
+	require.NoError(t, p.Close())
+	receive(t, synced)
+	p.Sync()
+}
