@@ -554,7 +554,12 @@ func TestProducerUnloadsAPeerLostWhileItsMetadataLoads(t *testing.T) {
 	peer.expect(TypeConnect)
 	receive(t, plane.adding)
 	peer.close()
-	require.Eventually(t, func() bool { return p.Stats().Lost == 1 }, 5*time.Second, 10*time.Millisecond)
+	// The loss is counted before the session is reaped; wait for the reap.
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.Stats().Lost == 1 && len(p.sessions) == 0
+	}, 5*time.Second, 10*time.Millisecond)
 	close(plane.release)
 	receive(t, plane.closed)
 	require.Zero(t, p.Stats().Sessions, "the lost consumer was never acknowledged")
