@@ -8,6 +8,11 @@ import "github.com/kvsource/kvsource/index"
 // parallel. keys belong to the caller and are reused once a call returns:
 // a Sink that keeps them must copy them. *index.Index implements it.
 //
+// The keys of one Store are consecutive blocks, the first one the child of
+// parent when hasParent. A hybrid model's event that skips blocks is
+// stored one key at a time without a parent, since which blocks it skipped
+// is unknown.
+//
 // Tiers are upper-case ("GPU", "CPU"); an event without a medium is "GPU".
 // ClearHolder with tier "" clears every tier of the holder.
 type Sink interface {

@@ -459,7 +459,16 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				w.storeContent(h, e)
 				continue
 			}
-			if len(e.BlockHashes) > 0 {
+			switch {
+			case len(e.BlockHashes) == 0:
+			case len(e.TokenIDs) > len(e.BlockHashes)*e.BlockSize:
+				// A hybrid group skipped blocks: which ones is unknown, so
+				// neither the parent nor any two keys are known to be
+				// consecutive, and the index must not chain them.
+				for j := range e.BlockHashes {
+					sink.Store(h.model, h.id, e.Medium, e.GroupIdx, 0, false, e.BlockHashes[j:j+1])
+				}
+			default:
 				sink.Store(h.model, h.id, e.Medium, e.GroupIdx, e.Parent, e.HasParent, e.BlockHashes)
 			}
 		case EventBlockRemoved:
