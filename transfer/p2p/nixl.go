@@ -102,13 +102,21 @@ import (
 	"unsafe"
 )
 
-// NIXL C API constants (wrapper.h of NIXL v1.4.0).
+// NIXL C API constants (wrapper.h of NIXL v1.4.0). Later headers add
+// NIXL_CAPI_IN_PROG_WITH_ERR: still running, some entry failed.
 const (
-	nixlSuccess    = 0
-	nixlInProgress = 1
-	nixlMemDRAM    = 0
-	nixlOpWrite    = 1
+	nixlSuccess           = 0
+	nixlInProgress        = 1
+	nixlInProgressWithErr = 2
+	nixlMemDRAM           = 0
+	nixlOpWrite           = 1
 )
+
+// running reports whether a transfer status means the request may still
+// write.
+func running(st C.nixl_capi_status_t) bool {
+	return st == nixlInProgress || st == nixlInProgressWithErr
+}
 
 // localAgent is the agent name prep_xfer_dlist takes for the local agent's
 // own descriptors (NIXL_INIT_AGENT).
@@ -410,6 +418,10 @@ func (r *nixlRemote) Write(ctx context.Context, src, dst []int) error {
 		switch {
 		case st == nixlSuccess:
 			return nil
+		case st == nixlInProgressWithErr:
+			// Failed, but entries may still land: stop them first.
+			r.cancel(req)
+			return nixlError{"transfer", st}
 		case st != nixlInProgress:
 			return nixlError{"transfer", st}
 		}
@@ -437,9 +449,9 @@ func (r *nixlRemote) cancel(req C.nixl_capi_xfer_req_t) {
 			n.mu.Unlock()
 			return
 		}
-		running := C.nixl_capi_get_xfer_status(n.agent, req) == nixlInProgress
+		busy := running(C.nixl_capi_get_xfer_status(n.agent, req))
 		n.mu.Unlock()
-		if !running {
+		if !busy {
 			return
 		}
 		time.Sleep(n.cfg.PollInterval)
