@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -139,4 +140,75 @@ func TestPrefixExplicitExtraNeedsKeysForEveryBlock(t *testing.T) {
 	derived, err := h.NewPrefix(Request{Tokens: tokens})
 	require.NoError(t, err)
 	require.ErrorIs(t, derived.AddExtra(nil), ErrExtraMode)
+}
+
+// forkState is a Prefix and, independently, everything appended to it.
+type forkState struct {
+	p      *Prefix
+	tokens []uint32
+	extra  [][]ExtraKey
+	keys   []uint64 // Keys() when the fork was made
+	frozen []uint64 // a copy of keys
+}
+
+// TestPrefixForksAndParentExtendIndependently interleaves Append, AddExtra
+// and Clone over a prefix and its forks, whose slices often have spare
+// capacity a fork could write into, and checks each against its own whole
+// request hashed from scratch.
+func TestPrefixForksAndParentExtendIndependently(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, explicit := range []bool{false, true} {
+		for range 150 {
+			bs := 1 + r.IntN(5)
+			h, err := New(Config{Algo: SHA256CBOR, BlockSize: bs})
+			require.NoError(t, err)
+			base := randomRequest(r, bs)
+			req := base
+			if explicit {
+				req = Request{Tokens: base.Tokens, Extra: make([][]ExtraKey, len(base.Tokens)/bs)}
+				for i := range req.Extra {
+					req.Extra[i] = []ExtraKey{Int(r.Int64())}
+				}
+			}
+			p, err := h.NewPrefix(req)
+			require.NoError(t, err)
+			forks := []*forkState{{p: p, tokens: slices.Clone(req.Tokens), extra: slices.Clone(req.Extra)}}
+			for range 40 {
+				f := forks[r.IntN(len(forks))]
+				if r.IntN(4) == 0 {
+					keys := f.p.Keys()
+					forks = append(forks, &forkState{p: f.p.Clone(), tokens: slices.Clone(f.tokens),
+						extra: slices.Clone(f.extra), keys: keys, frozen: slices.Clone(keys)})
+					continue
+				}
+				add := make([]uint32, r.IntN(2*bs+1))
+				for i := range add {
+					add[i] = r.Uint32()
+				}
+				if explicit {
+					var more [][]ExtraKey
+					// Sometimes ahead of need: keys of blocks not hashed yet
+					// must not be overwritten by another fork's AddExtra.
+					for len(f.extra)+len(more) < (len(f.tokens)+len(add))/bs+r.IntN(3) {
+						more = append(more, []ExtraKey{Int(r.Int64())})
+					}
+					require.NoError(t, f.p.AddExtra(more...))
+					f.extra = append(f.extra, more...)
+				}
+				require.NoError(t, f.p.Append(add...))
+				f.tokens = append(f.tokens, add...)
+			}
+			for i, f := range forks {
+				whole := Request{Tokens: f.tokens, LoRAName: base.LoRAName, CacheSalt: base.CacheSalt, MM: base.MM}
+				if explicit {
+					whole = Request{Tokens: f.tokens, Extra: f.extra}
+				}
+				want, err := h.BlockKeys(nil, whole)
+				require.NoError(t, err)
+				require.Equal(t, want, f.p.Keys(), "fork %d", i)
+				require.Equal(t, f.tokens[len(want)*bs:], append([]uint32{}, f.p.Pending()...), "fork %d pending", i)
+				require.Equal(t, f.frozen, f.keys, "fork %d: Keys() taken at the fork changed", i)
+			}
+		}
+	}
 }
