@@ -184,8 +184,12 @@ func TestMMCursorFollowsVLLMForNestedItems(t *testing.T) {
 }
 
 func TestBlockKeysAllocatesNothingWithRoomInDst(t *testing.T) {
+	// The race detector makes sync.Pool drop items on purpose, so there a
+	// call may allocate its scratch memory; still nothing per block (a
+	// call hashes 256), which make test, running only under -race, checks.
+	var limit float64
 	if raceEnabled {
-		t.Skip("the race detector makes sync.Pool drop its items")
+		limit = 8
 	}
 	req := Request{Tokens: benchTokens()[:4096], LoRAName: "lora", CacheSalt: "salt",
 		MM: []MMItem{{ID: "img", Offset: 100, Length: 300}, {ID: "img2", Offset: 1000, Length: 30}}}
@@ -200,7 +204,7 @@ func TestBlockKeysAllocatesNothingWithRoomInDst(t *testing.T) {
 				dst, _ = h.BlockKeys(dst, req)
 				dst, _ = h.BlockKeys(dst, plain)
 			})
-			require.Zero(t, allocs)
+			require.LessOrEqual(t, allocs, limit)
 		})
 	}
 }
