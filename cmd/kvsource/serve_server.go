@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -225,6 +227,15 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 // number, so that a restart replays only what it missed. A stale holder's
 // entries may include blocks its engine no longer has; they are dropped
 // rather than saved as if they were exact.
+//
+// The sequence numbers are read before SaveFile reads the index, and must
+// stay so: a worker publishes a batch's sequence number only after applying
+// the batch, so every batch up to a number read here is in the index
+// SaveFile then writes. Read after, a batch applied in between would be
+// claimed but missing and never replayed; read before, the snapshot may
+// hold batches past the saved number, and replaying them after a restart
+// is idempotent. Shutdown stops the subscriber first, so this order only
+// matters should a snapshot ever be saved while events flow.
 func (s *serveService) saveSnapshot() error {
 	seqs := map[index.Holder]uint64{}
 	for _, st := range s.sub.Status() {
@@ -322,6 +333,9 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	if req.Destination == "" {
 		return serveBadRequest{errors.New(`"destination" is required`)}
 	}
+	if req.DestinationDPRank < 0 {
+		return serveBadRequest{fmt.Errorf(`"destination_dp_rank" must not be negative, got %d`, req.DestinationDPRank)}
+	}
 	preq := picker.Request{ID: req.RequestID, Model: req.Model, Prompt: prompt,
 		Destination: index.Holder{Pod: req.Destination, Rank: req.DestinationDPRank}}
 	if req.MinCachedTokenDelta != nil {
@@ -349,7 +363,16 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 		Blocks: d.Blocks, BlockSize: d.BlockSize, DestinationCachedBlocks: d.Cached,
 		SourceBlocks: d.Gain, BestSourceBlocks: d.Best, RecomputeBlocks: d.Recompute,
 		MissingBlocks: serveKeysJSON(d.Missing), Header: map[string]string{},
-		KVTransferParams: d.KVTransferParams(req.RequestID),
+	}
+	if d.Reason == picker.ReasonPull {
+		// The consumer engine keys its pull session with the producer by
+		// kv_request_id: two pulls under one id (say, the empty one) would
+		// collide there.
+		kvID := req.RequestID
+		if kvID == "" {
+			kvID = serveNewKVRequestID()
+		}
+		resp.KVTransferParams = d.KVTransferParams(kvID)
 	}
 	if d.Reason == picker.ReasonPull {
 		resp.Source, resp.SourceDPRank = &d.Source.Pod, &d.Source.Rank
@@ -374,6 +397,9 @@ func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]pick
 		}
 		if c.Waiting < 0 || c.Load < 0 {
 			return nil, serveBadRequest{fmt.Errorf("candidate %s: negative load", c.Pod)}
+		}
+		if c.DPRank != nil && *c.DPRank < 0 {
+			return nil, serveBadRequest{fmt.Errorf("candidate %s: negative dp_rank %d", c.Pod, *c.DPRank)}
 		}
 		if c.DPRank != nil {
 			out = append(out, picker.Candidate{Holder: index.Holder{Pod: c.Pod, Rank: *c.DPRank}, Waiting: c.Waiting, Load: c.Load})
@@ -423,7 +449,8 @@ func (s *serveService) handleDone(w http.ResponseWriter, r *http.Request) error 
 // forgetExpiredPulls drops the decisions the picker no longer counts in
 // flight, so requests never marked done do not accumulate.
 func (s *serveService) forgetExpiredPulls(ctx context.Context) {
-	t := time.NewTicker(s.cfg.InflightTTL / 2)
+	// A TTL of a nanosecond is valid; a ticker of zero would panic.
+	t := time.NewTicker(max(s.cfg.InflightTTL/2, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -443,6 +470,14 @@ func (s *serveService) forgetExpiredPulls(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// serveNewKVRequestID returns a random kv_request_id for a pull whose
+// request came without a request_id.
+func serveNewKVRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "kvsource-" + hex.EncodeToString(b[:])
 }
 
 func servePickerError(err error) error {
