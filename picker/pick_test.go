@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -272,13 +273,6 @@ func TestPickBurstSpreadsAcrossEqualSources(t *testing.T) {
 	held, released := imbalance(false), imbalance(true)
 	t.Logf("mean excess of the busiest source: %.2f with in-flight counting, %.2f without", held, released)
 	require.Less(t, held, 0.75*released)
-}
-
-func abs(x int) int {
-	if x < 0 {
-		return -x
-	}
-	return x
 }
 
 func TestPickIsReproducibleFromTheRequestID(t *testing.T) {
@@ -575,4 +569,45 @@ func TestPickAllocatesOnlyTheMissingKeys(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs)
+}
+
+// TestPickCountsInflightPullsUnderConcurrency races picks and releases from
+// many goroutines: every pull is counted once and every release undoes
+// exactly one.
+func TestPickCountsInflightPullsUnderConcurrency(t *testing.T) {
+	keys := seqKeys(8)
+	b := fleet(keys, holding{peerA, index.TierCPU, 0, 8}, holding{peerB, index.TierCPU, 0, 8}, holding{peerC, index.TierCPU, 0, 8})
+	now := time.Unix(1_000_000, 0)
+	p := newPicker(t, toIndex(b, keys), Config{Now: func() time.Time { return now }})
+	const workers, picks = 8, 300
+	kept := make([][]Decision, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range picks {
+				d, err := p.Pick(Request{ID: fmt.Sprint(w, "-", i), Model: model, Keys: keys, Destination: dst})
+				if err != nil || d.Reason != ReasonPull {
+					t.Errorf("pick: %v %v", d.Reason, err)
+					return
+				}
+				if i%3 == 0 {
+					kept[w] = append(kept[w], d)
+				} else {
+					d.Done()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	inflight := func() int { return p.Inflight(peerA) + p.Inflight(peerB) + p.Inflight(peerC) }
+	require.Equal(t, workers*picks/3, inflight())
+	for w := range kept {
+		wg.Go(func() {
+			for i := range kept[w] {
+				kept[w][i].Done()
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, inflight())
 }
