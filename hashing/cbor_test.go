@@ -138,15 +138,21 @@ func FuzzCBOR(f *testing.F) {
 		}
 		f.Add(raw, encodeFuzzKeys(parseExtraJSON(f, v.Blocks[0].ExtraKeys)), v.Algo == SHA256CBOR64)
 	}
-	f.Add([]byte{23, 0, 0, 0, 24, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 1, 0, 0xff, 0xff, 0xff, 0xff},
-		encodeFuzzKeys([]ExtraKey{Int(-1), Int(-24), Int(-25), Int(-1 << 63), Tuple(), Bytes(nil), Str("")}), false)
+	edgeTokens := []byte{23, 0, 0, 0, 24, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 1, 0, 0xff, 0xff, 0xff, 0xff}
+	edgeKeys := encodeFuzzKeys([]ExtraKey{Int(-1), Int(-24), Int(-25), Int(-1 << 63), Tuple(), Bytes(nil), Str("")})
+	f.Add(edgeTokens, edgeKeys, false)
+	f.Add(append(edgeTokens, 0), edgeKeys, false) // odd length: a 16-byte parent
 	f.Fuzz(func(t *testing.T, rawTokens, rawKeys []byte, intParent bool) {
 		tokens := fuzzTokens(rawTokens)
 		keys, _ := fuzzKeys(rawKeys, 0)
 		parent := digest64(uint64(len(rawKeys))*0x9e3779b97f4a7c15 + 1)
 		if !intParent {
+			// XXH3-128 chains 16-byte digests, the SHA-256 algorithms 32.
 			parent = Digest{n: 32}
-			copy(parent.b[:], rawKeys)
+			if len(rawTokens)%2 == 1 {
+				parent.n = 16
+			}
+			copy(parent.b[:parent.n], rawKeys)
 		}
 		ex := &extraSource{explicit: true, keys: keys}
 		got := appendCBORBlock(nil, &parent, intParent, tokens, ex)
