@@ -3,6 +3,7 @@ package p2p
 import (
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"time"
 	"unsafe"
 )
@@ -105,8 +106,11 @@ func checkConnect(m message, local region, c Endpoint) error {
 	case m.NumBlocks == 0:
 		return fmt.Errorf("num_blocks 0")
 	}
-	if _, ok := toInt(m.NumBlocks); !ok {
-		return fmt.Errorf("num_blocks %d", m.NumBlocks)
+	// A region that cannot exist would make a data plane index past it
+	// (the in-process plane's bounds check multiplies the same numbers).
+	hi, size := bits.Mul64(m.NumBlocks, m.BlockLen)
+	if _, ok := toInt(size); hi != 0 || !ok || m.BaseAddr+size < m.BaseAddr {
+		return fmt.Errorf("region of %d blocks of %d bytes at %#x overflows", m.NumBlocks, m.BlockLen, m.BaseAddr)
 	}
 	return nil
 }

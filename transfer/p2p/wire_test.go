@@ -381,6 +381,8 @@ func TestProducerRejectsAMismatchedConnectWithSilence(t *testing.T) {
 		{"block length", func(m *message) { m.BlockLen = 64 }},
 		{"hash seed", func(m *message) { m.HashSeed = "1234" }},
 		{"no blocks", func(m *message) { m.NumBlocks = 0 }},
+		{"a region whose size overflows", func(m *message) { m.NumBlocks = 1 << 57 }},
+		{"a region past the address space", func(m *message) { m.BaseAddr = 1<<64 - testBlockLen }},
 		{"unknown agent", func(m *message) { m.AgentMetadata = []byte("kvsource-inproc/nobody") }},
 	}
 	for _, tt := range tests {
