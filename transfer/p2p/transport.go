@@ -284,9 +284,6 @@ func (d *dealer) close() {
 	d.e.mu.Unlock()
 }
 
-// closeAsync closes d from a goroutine that may be its monitor.
-func (d *dealer) closeAsync() { go d.close() }
-
 // close stops receiving and closes every socket and the context.
 func (e *endpoint) close() {
 	close(e.stop)
