@@ -155,6 +155,9 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		{"zero threshold", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","min_cached_token_delta":0}`, "at least 1"},
 		{"negative waiting", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":"q:1","waiting":-2}]}`, "negative load"},
 		{"candidate without pod", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"waiting":1}]}`, "without \"pod\""},
+		{"negative candidate rank", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":"q:1","dp_rank":-1}]}`, "negative dp_rank"},
+		{"negative destination rank", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","destination_dp_rank":-2}`, "must not be negative"},
+		{"body over the size limit", "POST", "/v1/score", strings.Repeat(" ", serveMaxBody) + `{"model":"m","tokens":[1]}`, "too large"},
 		{"bad multimodal item", "POST", "/v1/score", `{"model":"m","tokens":[1,2,3],"mm_items":[{"id":"img","offset":-4,"length":2}]}`, "hashing"},
 		{"GET on pick", "GET", "/v1/pick", nil, "use POST"},
 		{"POST on pods", "POST", "/v1/pods", `{}`, "use GET"},
@@ -170,7 +173,7 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		})
 	}
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
-	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 7`)
+	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 9`)
 	code, body := serveCall(t, "GET", base+"/healthz", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"status":"ok"}`, string(body))
@@ -282,4 +285,43 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 	require.NoError(t, err)
 	_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.ErrorIs(t, err, picker.ErrSamples)
+}
+
+func TestServeRunsWithAnInflightTTLBelowTheSweepTick(t *testing.T) {
+	s, base := startServe(t, "--inflight-ttl", "1ns")
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 4*16)
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
+	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.Eventually(t, func() bool { return s.pulls.Size() == 0 }, 10*time.Second, 5*time.Millisecond)
+}
+
+func TestServeGivesEveryPullItsOwnKVRequestID(t *testing.T) {
+	s, base := startServe(t)
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 4*16)
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
+	pick := func(req map[string]any) string {
+		t.Helper()
+		code, body := serveCall(t, "POST", base+"/v1/pick", req)
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		var d servePickResponse
+		require.NoError(t, json.Unmarshal(body, &d))
+		require.Equal(t, picker.ReasonPull, d.Reason)
+		require.NotNil(t, d.KVTransferParams.RemoteKVSource)
+		return d.KVTransferParams.RemoteKVSource.KVRequestID
+	}
+	req := map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000"}
+	first, second := pick(req), pick(req)
+	require.NotEmpty(t, first)
+	require.NotEqual(t, first, second, "requests without a request_id must not share a pull session")
+	req["request_id"] = "req-7"
+	require.Equal(t, "req-7", pick(req))
 }
