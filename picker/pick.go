@@ -223,7 +223,13 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	if req.MinCachedTokenDelta > 0 {
 		threshold = req.MinCachedTokenDelta
 	}
-	floor := max(d.Best-1, (threshold+p.blockSize-1)/p.blockSize)
+	// Ceiling division without threshold+blockSize-1, which overflows for
+	// Calibration.Threshold's math.MaxInt ("never pull").
+	minGain := threshold / p.blockSize
+	if threshold%p.blockSize != 0 {
+		minGain++
+	}
+	floor := max(d.Best-1, minGain)
 	band := s.cands[:0]
 	for _, c := range s.cands {
 		if c.gain < floor {

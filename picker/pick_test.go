@@ -611,3 +611,20 @@ func TestPickCountsInflightPullsUnderConcurrency(t *testing.T) {
 	wg.Wait()
 	require.Zero(t, inflight())
 }
+
+func TestPickNeverPullsUnderTheThresholdOfACalibrationWherePullsNeverPay(t *testing.T) {
+	keys := seqKeys(16)
+	idx := fleet(keys, holding{peerA, index.TierCPU, 0, 16})
+	for _, tc := range []struct {
+		name     string
+		cfg, req int
+	}{{"config", math.MaxInt, 0}, {"request", 0, math.MaxInt}, {"both", math.MaxInt, math.MaxInt - 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPicker(t, idx, Config{MinCachedTokenDelta: tc.cfg})
+			d, err := p.Pick(Request{ID: "x", Model: model, Keys: keys, Destination: dst, MinCachedTokenDelta: tc.req})
+			require.NoError(t, err)
+			require.Equal(t, ReasonBelowThreshold, d.Reason)
+			require.Equal(t, 16, d.Best)
+		})
+	}
+}
