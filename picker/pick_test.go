@@ -628,3 +628,20 @@ func TestPickNeverPullsUnderTheThresholdOfACalibrationWherePullsNeverPay(t *test
 		})
 	}
 }
+
+func TestPickInflightPullCountsForSevenEighthsToAllOfTheTTL(t *testing.T) {
+	keys := seqKeys(8)
+	idx := fleet(keys, holding{peerA, index.TierCPU, 0, 8})
+	start := time.Unix(1_000_000, 0)
+	for _, offset := range []time.Duration{0, 500 * time.Millisecond, 999 * time.Millisecond} {
+		now := start.Add(offset)
+		p := newPicker(t, idx, Config{InflightTTL: 8 * time.Second, Now: func() time.Time { return now }})
+		_, err := p.Pick(Request{ID: "x", Model: model, Keys: keys, Destination: dst})
+		require.NoError(t, err)
+		picked := now
+		now = picked.Add(7*time.Second - time.Millisecond)
+		require.Equal(t, 1, p.Inflight(peerA), "picked at +%v, checked 7s later", offset)
+		now = picked.Add(8 * time.Second)
+		require.Zero(t, p.Inflight(peerA), "picked at +%v, checked a TTL later", offset)
+	}
+}
