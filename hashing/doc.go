@@ -17,8 +17,9 @@
 //
 //   - SHA256 (the default): SHA-256 of the value pickled by CPython at
 //     protocol 5, reproduced byte for byte, framing included. Every value
-//     is pickled as a distinct object (no memo references), as vLLM builds
-//     them.
+//     is pickled as a distinct object, as vLLM builds them, except that a
+//     repeated empty or one-character str or bytes is a memo reference, as
+//     CPython shares those objects.
 //   - SHA256CBOR: SHA-256 of the value's canonical CBOR (RFC 8949 §4.2).
 //   - XXHash, XXHashCBOR: XXH3-128 of the pickle or CBOR bytes; the 16-byte
 //     digest is the high then the low 64 bits, big-endian.

@@ -19,6 +19,8 @@ const (
 	pkTuple2         = 0x86
 	pkTuple3         = 0x87
 	pkMemoize        = 0x94
+	pkBinGet         = 'h'
+	pkLongBinGet     = 'j'
 	pkBinInt1        = 'K'
 	pkBinInt2        = 'M'
 	pkBinInt         = 'J'
@@ -40,8 +42,10 @@ const (
 
 // pickler reproduces the byte stream of CPython's C pickler at protocol 5
 // for None, int, str, bytes and tuples of those. Every value is treated as a
-// distinct object, so nothing is fetched from the memo: vLLM builds each
-// hashed value from separate objects.
+// distinct object, as vLLM builds them, except those CPython keeps only one
+// object of: the empty str and bytes, each one-character latin-1 str and
+// each one-byte bytes. A repeat of one of those within a value is pickled as
+// a reference to its memo entry, as CPython does.
 //
 // Framing follows CPython: a frame opens at the first write after the
 // previous one closed; before each object is saved, a frame of at least
@@ -50,7 +54,94 @@ const (
 // shorter than frameSizeMin loses its header.
 type pickler struct {
 	b     []byte
-	frame int // offset of the open frame's header, -1 when none is open
+	frame int    // offset of the open frame's header, -1 when none is open
+	memo  uint32 // memo entries written so far
+	// The shared objects memoized so far: the first ones in an array, so
+	// that the common case allocates nothing.
+	nShared int
+	shared  [4]sharedMemo
+	more    []sharedMemo
+}
+
+// sharedMemo is the memo index of a shared object (see sharedStr).
+type sharedMemo struct {
+	obj uint16
+	idx uint32
+}
+
+// sharedStr and sharedBytes number the objects CPython shares: 0 the empty
+// str, 1+c the str of latin-1 character c, 257 the empty bytes, 258+b the
+// bytes of byte b. ok is false for any other value.
+func sharedStr(s string) (obj uint16, ok bool) {
+	switch {
+	case s == "":
+		return 0, true
+	case len(s) == 1 && s[0] < 0x80:
+		return 1 + uint16(s[0]), true
+	case len(s) == 2 && (s[0] == 0xc2 || s[0] == 0xc3) && s[1]&0xc0 == 0x80:
+		return 1 + (uint16(s[0]&0x1f)<<6 | uint16(s[1]&0x3f)), true
+	}
+	return 0, false
+}
+
+func sharedBytes(s string) (obj uint16, ok bool) {
+	switch len(s) {
+	case 0:
+		return 257, true
+	case 1:
+		return 258 + uint16(s[0]), true
+	}
+	return 0, false
+}
+
+// memoized returns the memo index of a shared object pickled before.
+func (p *pickler) memoized(obj uint16) (uint32, bool) {
+	for i := range min(p.nShared, len(p.shared)) {
+		if p.shared[i].obj == obj {
+			return p.shared[i].idx, true
+		}
+	}
+	for _, m := range p.more {
+		if m.obj == obj {
+			return m.idx, true
+		}
+	}
+	return 0, false
+}
+
+// memoize writes MEMOIZE, which gives the object just written the next
+// memo index.
+func (p *pickler) memoize() {
+	p.op(pkMemoize)
+	p.memo++
+}
+
+// data writes a str or bytes, or a memo reference when it is a shared
+// object written before.
+func (p *pickler) data(short, long, long8 byte, s string, obj uint16, shared bool) {
+	if shared {
+		if idx, ok := p.memoized(obj); ok {
+			p.boundary()
+			p.open()
+			if idx < 256 {
+				p.b = append(p.b, pkBinGet, byte(idx))
+			} else {
+				p.b = append(p.b, pkLongBinGet)
+				p.b = binary.LittleEndian.AppendUint32(p.b, idx)
+			}
+			return
+		}
+		m := sharedMemo{obj: obj, idx: p.memo}
+		if p.nShared < len(p.shared) {
+			p.shared[p.nShared] = m
+		} else {
+			p.more = append(p.more, m)
+		}
+		p.nShared++
+	}
+	p.dataHead(short, long, long8, len(s))
+	p.b = append(p.b, s...)
+	p.memoize()
 }
 
 func (p *pickler) open() {
@@ -196,22 +287,21 @@ func (p *pickler) dataHead(short, long, long8 byte, n int) {
 }
 
 func (p *pickler) str(s string) {
-	p.dataHead(pkShortBinUnicod, pkBinUnicode, pkBinUnicode8, len(s))
-	p.b = append(p.b, s...)
-	p.op(pkMemoize)
+	obj, shared := sharedStr(s)
+	p.data(pkShortBinUnicod, pkBinUnicode, pkBinUnicode8, s, obj, shared)
 }
 
-func (p *pickler) bytes(b []byte) {
+// parent writes a parent digest: bytes of 8 bytes or more, never shared.
+func (p *pickler) parent(b []byte) {
 	p.dataHead(pkShortBinBytes, pkBinBytes, pkBinBytes8, len(b))
 	p.b = append(p.b, b...)
-	p.op(pkMemoize)
+	p.memoize()
 }
 
 // bytesStr is bytes for content held in a string.
 func (p *pickler) bytesStr(s string) {
-	p.dataHead(pkShortBinBytes, pkBinBytes, pkBinBytes8, len(s))
-	p.b = append(p.b, s...)
-	p.op(pkMemoize)
+	obj, shared := sharedBytes(s)
+	p.data(pkShortBinBytes, pkBinBytes, pkBinBytes8, s, obj, shared)
 }
 
 // tupleStart and tupleEnd bracket the elements of a tuple of n > 0 elements.
@@ -233,7 +323,7 @@ func (p *pickler) tupleEnd(n int) {
 	default:
 		p.op(pkTuple)
 	}
-	p.op(pkMemoize)
+	p.memoize()
 }
 
 func (p *pickler) key(k ExtraKey) {
@@ -287,7 +377,7 @@ func appendPickleBlock(b []byte, parent *Digest, tokens []uint32, ex *extraSourc
 	var p pickler
 	p.begin(b)
 	p.tupleStart(3)
-	p.bytes(parent.b[:parent.n])
+	p.parent(parent.b[:parent.n])
 	p.tupleStart(len(tokens))
 	p.tokens(tokens)
 	p.tupleEnd(len(tokens))

@@ -36,6 +36,10 @@ def key_of(k):
         if "bytes_repeat" in k:
             h, n = k["bytes_repeat"]
             return bytes.fromhex(h) * n
+    if isinstance(k, str):
+        # A str made at run time, as vLLM's are (from a request's JSON), not
+        # a constant of this script that the compiler may share.
+        return json.loads(json.dumps(k))
     return k
 
 
@@ -111,6 +115,20 @@ def main():
     long_tok = {"a": 104729, "b": 2**31, "m": 2**32}
     for n in [9356, 9357, 9358, 9359, 9360]:
         add("frame/long1/%d" % n, {"parent": p32, "tokens": dict(long_tok, n=n), "extra": ["x"]})
+
+    # CPython keeps one object for the empty str and bytes and each
+    # one-character latin-1 str and one-byte bytes, so a repeat within a
+    # value is pickled as a memo reference (BINGET, or LONG_BINGET past 255).
+    add("memo/str1", {"parent": p32, "tokens": [1], "extra": ["a", "a", ["a", 3]]})
+    add("memo/empty", {"parent": p32, "tokens": [1], "extra": ["", "", ["", -1], {"hex": ""}, {"hex": ""}]})
+    add("memo/latin1", {"parent": p16, "tokens": [1], "extra": ["é", "é", "ā", "ā", "\x7f", "\x7f"]})
+    add("memo/bytes1", {"parent": p32, "tokens": [1], "extra": [{"hex": "00"}, {"hex": "00"}, "a", {"hex": "61"}, "a"]})
+    add("memo/strnotbytes", {"parent": p32, "tokens": [1], "extra": ["a", {"hex": "61"}]})
+    add("memo/long", {"parent": p32, "tokens": [1], "extra": ["k%d" % i for i in range(300)] + ["x", "y", "x", "y"]})
+    add("memo/afterlong", {"parent": p32, "tokens": [1], "extra": ["x"] + ["k%d" % i for i in range(300)] + ["x"]})
+    for n in range(65470, 65500, 3):
+        add("memo/frame/%d" % n, {"parent": p32, "tokens": [1, 2], "extra": [
+            {"str_repeat": ["q", n]}, "a", "a", ["a", 1], "a"]})
 
     for c in cases:
         b = pickle.dumps(value_of(c["value"]), protocol=5)
