@@ -8,7 +8,10 @@ import (
 // Prefix is a hashed prefix of a request that grows as tokens arrive: the
 // next turn of a conversation, or decoding. Extending it hashes only the new
 // blocks, and it keeps the pending partial block until it fills. Its keys
-// always equal BlockKeys of the whole request so far.
+// always equal BlockKeys of the whole request so far. That is what vLLM
+// computes for a new request (the next turn); for blocks completed while
+// decoding, vLLM restarts its multimodal walk at the last item, so a block
+// that two or more items overlap hashes differently there.
 //
 // A Prefix is not safe for concurrent mutation; Clone gives each fork (a
 // subagent sharing a system prompt, say) its own copy in O(pending tokens).
