@@ -184,8 +184,11 @@ type Block struct {
 }
 
 // Hasher computes the block hashes of one configuration. It is safe for
-// concurrent use.
+// concurrent use. The zero Hasher is ready to use and behaves exactly as
+// New(Config{}): vLLM's default SHA256, DefaultSeed and DefaultBlockSize.
+// A Hasher must not be copied after first use.
 type Hasher struct {
+	once sync.Once // guards the fields below: done by New, or on first use
 	cfg  Config
 	root Digest // the parent of block 0: vLLM's NONE_HASH, or Content's root
 	enc  encoding
@@ -222,6 +225,30 @@ type scratch struct {
 
 // New returns a Hasher for cfg.
 func New(cfg Config) (*Hasher, error) {
+	h := &Hasher{}
+	var err error
+	h.once.Do(func() { err = h.setup(cfg) })
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// ready initialises a zero Hasher as New(Config{}) does, on first use, and
+// returns h. Every exported method calls it before reading h's fields; for a
+// Hasher from New it is one atomic load.
+func (h *Hasher) ready() *Hasher {
+	h.once.Do(h.initDefault)
+	return h
+}
+
+func (h *Hasher) initDefault() {
+	// The zero Config is valid, so setup cannot fail.
+	_ = h.setup(Config{})
+}
+
+// setup fills in cfg's defaults, validates it and sets h up for it.
+func (h *Hasher) setup(cfg Config) error {
 	if cfg.Algo == "" {
 		cfg.Algo = SHA256
 	}
@@ -229,9 +256,8 @@ func New(cfg Config) (*Hasher, error) {
 		cfg.BlockSize = DefaultBlockSize
 	}
 	if cfg.BlockSize < 1 {
-		return nil, fmt.Errorf("%w: %d", ErrBlockSize, cfg.BlockSize)
+		return fmt.Errorf("%w: %d", ErrBlockSize, cfg.BlockSize)
 	}
-	h := &Hasher{}
 	switch cfg.Algo {
 	case SHA256:
 		h.enc, h.fn = encPickle, fnSHA256
@@ -246,25 +272,25 @@ func New(cfg Config) (*Hasher, error) {
 	case Content:
 		h.enc, h.fn = encContent, fnXXH64
 	default:
-		return nil, fmt.Errorf("%w: %q", ErrUnknownAlgo, cfg.Algo)
+		return fmt.Errorf("%w: %q", ErrUnknownAlgo, cfg.Algo)
 	}
 	if cfg.Seed == "" {
 		if cfg.Algo == XXHash || cfg.Algo == XXHashCBOR {
-			return nil, fmt.Errorf("%w: %s", ErrSeedRequired, cfg.Algo)
+			return fmt.Errorf("%w: %s", ErrSeedRequired, cfg.Algo)
 		}
 		cfg.Seed = DefaultSeed
 	}
 	h.cfg = cfg
 	h.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
 	h.root = h.hashSeed()
-	return h, nil
+	return nil
 }
 
 // Config returns the configuration with defaults filled in.
-func (h *Hasher) Config() Config { return h.cfg }
+func (h *Hasher) Config() Config { return h.ready().cfg }
 
 // Root returns the parent of block 0: vLLM's NONE_HASH, the hash of the seed.
-func (h *Hasher) Root() Digest { return h.root }
+func (h *Hasher) Root() Digest { return h.ready().root }
 
 func (h *Hasher) hashSeed() Digest {
 	var buf []byte
@@ -312,6 +338,7 @@ func (h *Hasher) sum(d *Digest, buf []byte) uint64 {
 // BlockKeys appends to dst[:0] the event-form key of every full block of req
 // and returns the extended slice.
 func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
+	h.ready()
 	dst = dst[:0]
 	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, false)
 	if err != nil {
@@ -327,6 +354,7 @@ func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
 // extra keys, and returns the extended slice. Unlike BlockKeys it allocates
 // the extra-key tuples of the blocks that have any.
 func (h *Hasher) Blocks(dst []Block, req Request) ([]Block, error) {
+	h.ready()
 	return h.blocks(dst, chain{parent: h.root}, req, false)
 }
 
@@ -338,6 +366,7 @@ func (h *Hasher) Blocks(dst []Block, req Request) ([]Block, error) {
 // relative to that start, negative for an item that began before it; and
 // CacheSalt is ignored: only block 0 carries it.
 func (h *Hasher) BlockKeysFrom(dst []uint64, parent uint64, req Request) ([]uint64, error) {
+	h.ready()
 	dst = dst[:0]
 	if h.cfg.Algo != Content && h.cfg.Algo != SHA256CBOR64 {
 		return dst, fmt.Errorf("%w: %s", ErrNeedDigest, h.cfg.Algo)
@@ -356,6 +385,7 @@ func (h *Hasher) BlockKeysFrom(dst []uint64, parent uint64, req Request) ([]uint
 // BlocksFrom is Blocks for the blocks that follow the block whose full digest
 // is parent, for any algorithm; req is as for BlockKeysFrom.
 func (h *Hasher) BlocksFrom(dst []Block, parent Digest, req Request) ([]Block, error) {
+	h.ready()
 	if parent.n != h.root.n {
 		return dst[:0], fmt.Errorf("%w: got %d bytes, %s chains digests of %d", ErrNeedDigest, parent.n, h.cfg.Algo, h.root.n)
 	}

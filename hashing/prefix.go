@@ -15,6 +15,9 @@ import (
 //
 // A Prefix is not safe for concurrent mutation; Clone gives each fork (a
 // subagent sharing a system prompt, say) its own copy in O(pending tokens).
+//
+// The zero Prefix is an empty prefix of the zero Hasher, that is of vLLM's
+// default configuration: as if made by NewPrefix(Request{}) on New(Config{}).
 type Prefix struct {
 	h        *Hasher
 	c        chain
@@ -29,6 +32,7 @@ type Prefix struct {
 // the remaining tokens. With req.Extra set, later blocks need their extra
 // keys added with AddExtra before Append can hash them.
 func (h *Hasher) NewPrefix(req Request) (*Prefix, error) {
+	h.ready()
 	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, false)
 	if err != nil {
 		return nil, err
@@ -45,9 +49,22 @@ func (h *Hasher) NewPrefix(req Request) (*Prefix, error) {
 	return p, nil
 }
 
+// defaultHasher is the Hasher of zero Prefixes.
+var defaultHasher Hasher
+
+// initZero makes a zero Prefix the empty prefix of defaultHasher before its
+// first change.
+func (p *Prefix) initZero() {
+	if p.h == nil {
+		p.h = defaultHasher.ready()
+		p.c.parent = p.h.root
+	}
+}
+
 // Append adds tokens and hashes every block they complete. On error the
 // Prefix is unchanged.
 func (p *Prefix) Append(tokens ...uint32) error {
+	p.initZero()
 	bs := p.h.cfg.BlockSize
 	full := (len(p.pending) + len(tokens)) / bs
 	if p.explicit && len(p.extra) < len(p.keys)+full {
@@ -96,6 +113,7 @@ func (p *Prefix) AddMM(items ...MMItem) error {
 	if p.explicit {
 		return fmt.Errorf("%w: AddMM on a Prefix with explicit extra keys", ErrExtraMode)
 	}
+	p.initZero()
 	add, err := sortedMM(items, false)
 	if err != nil {
 		return err
@@ -139,7 +157,12 @@ func (p *Prefix) Pending() []uint32 { return slices.Clone(p.pending) }
 
 // Last returns the digest of the last full block, or Hasher.Root when there
 // is none: the parent of the next block.
-func (p *Prefix) Last() Digest { return p.c.parent }
+func (p *Prefix) Last() Digest {
+	if p.h == nil {
+		return defaultHasher.Root()
+	}
+	return p.c.parent
+}
 
 // Clone returns an independent copy that shares the hashed blocks.
 func (p *Prefix) Clone() *Prefix {
