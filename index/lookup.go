@@ -169,11 +169,8 @@ func (t *table) search(keys []uint64, b int, g int) int {
 		if pos >= n {
 			break
 		}
-		if hi == pos {
-			next = him
-		} else {
-			next = t.get(keys[pos])
-		}
+		// The search ends with hi == lo+1 == pos, and hi < n was probed.
+		next = him
 	}
 	return pos - b
 }
