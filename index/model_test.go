@@ -351,6 +351,7 @@ func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64) {
 		}
 		if op%50 == 0 {
 			w.checkCounts(ix, op)
+			checkInvariants(t, ix, op)
 		}
 	}
 	if pc.engineLike {
@@ -391,6 +392,9 @@ func TestLookupsStayExactThroughEvictions(t *testing.T) {
 		ix := New(Config{HolderCapacity: 150, MaxHolderBlocks: 300})
 		for op := range pc.ops {
 			w.mutate(ix)
+			if op%40 == 0 {
+				checkInvariants(t, ix, op)
+			}
 			if op%4 != 0 {
 				continue
 			}
@@ -439,4 +443,84 @@ func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
 		}
 	}
 	return out
+}
+
+// checkInvariants verifies the writer-side bookkeeping lookups rely on, for
+// every holder: each anchor names a slot whose depth is one less, children
+// counts and the gap set match the held slots, the published gap list
+// matches the gap set (or is -1 past maxGaps), and every held slot is in
+// the eviction queue, so capacity can always be enforced.
+func checkInvariants(t *testing.T, ix *Index, op int) {
+	ix.models.Range(func(model string, ms *modelState) bool {
+		for _, hs := range *ms.list.Load() {
+			hs.mu.Lock()
+			tiers := hs.tierList()
+			queued := make([]map[uint32]bool, len(tiers))
+			for ti := range queued {
+				queued[ti] = make(map[uint32]bool)
+			}
+			for r := hs.head; r < len(hs.fifoSlot); r++ {
+				queued[hs.fifoTier[r]][hs.fifoSlot[r]] = true
+			}
+			var live int64
+			for ti, ts := range tiers {
+				tab := ts.tab.Load()
+				children := make([]int, len(tab.slots))
+				var held64 int64
+				for i := range tab.slots {
+					m := tab.slots[i].meta
+					if m == 0 {
+						continue
+					}
+					if p := parentOf(m); p >= 0 {
+						require.NotZero(t, tab.slots[p].meta, "op %d %s %v: anchor of an empty slot", op, model, hs.h)
+						require.Equal(t, min(depthOf(tab.slots[p].meta)+1, metaDepthMax), depthOf(m), "op %d %s %v: depth", op, model, hs.h)
+						if held(m) {
+							children[p]++
+						}
+					}
+					if held(m) {
+						held64++
+						require.True(t, queued[ti][uint32(i)], "op %d %s %v: held slot not in the eviction queue", op, model, hs.h)
+					}
+				}
+				gaps := make(map[uint64]uint64)
+				for i := range tab.slots {
+					m := tab.slots[i].meta
+					if m == 0 {
+						continue
+					}
+					require.Equal(t, children[i], ts.children(tab, i, m), "op %d %s %v: children", op, model, hs.h)
+					if !held(m) && children[i] > 0 {
+						gaps[tab.slots[i].key] = uint64(depthOf(m))
+					}
+				}
+				require.Equal(t, gaps, orEmpty(ts.gaps), "op %d %s %v: gaps", op, model, hs.h)
+				if g := int(tab.gapN.Load()); g >= 0 {
+					listed := make(map[uint64]uint64)
+					for j := range g {
+						listed[tab.gaps[j].key.Load()] = tab.gaps[j].depth.Load()
+					}
+					require.Equal(t, gaps, listed, "op %d %s %v: published gaps", op, model, hs.h)
+				} else {
+					require.Greater(t, len(gaps), maxGaps, "op %d %s %v: gaps unlisted although few", op, model, hs.h)
+				}
+				require.Equal(t, held64, ts.live, "op %d %s %v: tier count", op, model, hs.h)
+				live += held64
+			}
+			require.Equal(t, live, hs.live.Load(), "op %d %s %v: holder count", op, model, hs.h)
+			if c := hs.capacity.Load(); c > 0 {
+				require.LessOrEqual(t, live, c, "op %d %s %v: capacity", op, model, hs.h)
+			}
+			hs.mu.Unlock()
+		}
+		return true
+	})
+}
+
+func orEmpty(m map[uint64]uint64) map[uint64]uint64 {
+	if m == nil {
+		return map[uint64]uint64{}
+	}
+	return m
 }

@@ -31,6 +31,7 @@ func TestSnapshotRoundTripAnswersAsBefore(t *testing.T) {
 		require.Equal(t, seqs, gotSeqs)
 		require.Equal(t, int64(1<<20), loaded.capacityOf(w.holders[0]))
 		w.checkCounts(loaded, -1)
+		checkInvariants(t, loaded, -1)
 		for op := range 100 {
 			w.check(loaded, op)
 		}
@@ -43,6 +44,7 @@ func TestSnapshotRoundTripAnswersAsBefore(t *testing.T) {
 			}
 		}
 		w.checkCounts(loaded, -2)
+		checkInvariants(t, loaded, -2)
 	}
 }
 
