@@ -374,3 +374,58 @@ func TestRemovingAChainParentFirstOpensNoGap(t *testing.T) {
 	ix.Lookup("m", p, &res)
 	require.Equal(t, 32, res.Holder(podA).Prefix)
 }
+
+func TestStoreInTooManyTiersIsRejectedAndCounted(t *testing.T) {
+	ix := New(Config{})
+	keys := chain(1, 2)
+	for i := range maxTiers {
+		ix.Store("m", podA, fmt.Sprintf("tier-%d", i), 0, 0, false, keys)
+	}
+	ix.Store("m", podA, "one-too-many", 0, 0, false, keys)
+	s := ix.Stats()
+	require.Equal(t, uint64(2), s.RejectedTier)
+	require.Equal(t, int64(2*maxTiers), s.HolderBlocks)
+	require.NotContains(t, ix.HolderBlocks("m", podA), "one-too-many")
+	require.Equal(t, 1, ix.Run("m", podA, keys, 1, []string{"tier-254"}))
+	require.Zero(t, ix.Run("m", podA, keys, 0, []string{"one-too-many"}))
+	ix.Store("m", podB, "one-too-many", 0, 0, false, keys)
+	require.Equal(t, 2, ix.Run("m", podB, keys, 0, []string{"one-too-many"}), "the limit is per holder")
+}
+
+// Blocks removed and stored again add eviction queue entries without
+// growing the table; compaction must bound the queue and keep every held
+// block in it, or capacity could no longer be enforced.
+func TestEvictionQueueCompactionKeepsEveryHoldingEvictable(t *testing.T) {
+	ix := New(Config{})
+	ref := newBrute()
+	p := chain(1, 3000)
+	ix.Store("m", podA, TierGPU, 0, 0, false, p)
+	ref.store("m", podA, TierGPU, 0, p)
+	ix.Store("m", podA, TierCPU, 0, 0, false, p[:100])
+	ref.store("m", podA, TierCPU, 0, p[:100])
+	hs, _ := ix.model("m", false).holders.Load(podA)
+	longest := 0
+	for i := range 10000 {
+		k := p[i*7%len(p):][:1]
+		ix.Remove("m", podA, TierGPU, 0, k)
+		ref.remove("m", podA, TierGPU, 0, k)
+		ix.Store("m", podA, TierGPU, 0, 0, false, k)
+		ref.store("m", podA, TierGPU, 0, k)
+		longest = max(longest, len(hs.fifoSlot)-hs.head)
+		if i%1000 == 0 {
+			checkInvariants(t, ix, i)
+		}
+	}
+	require.LessOrEqual(t, longest, 2*3100+1, "the queue is compacted at twice the holdings")
+	require.Equal(t, ref.blocks("m", podA), ix.HolderBlocks("m", podA))
+
+	ix.SetHolderCapacity(podA, 500)
+	ix.Store("m", podA, TierCPU, 0, 0, false, chain(9, 1))
+	checkInvariants(t, ix, -1)
+	s := ix.Stats()
+	require.Equal(t, int64(500), s.HolderBlocks)
+	require.Equal(t, uint64(2601), s.EvictedCapacity)
+	var res Result
+	ix.Lookup("m", p, &res)
+	require.Equal(t, oracleLookup(ix, "m", p), hitsByHolder(&res))
+}
