@@ -83,15 +83,60 @@ func (d *Decision) Done() {
 }
 
 // Header returns llm-d's source header for the decision: its name and the
-// source pod's address, as llm-d's router sets it. Both are empty when
-// nothing is pulled. llm-d's sidecar keeps the host and substitutes its own
-// P2P port, so a source of data-parallel rank above 0 is reachable only
-// through KVTransferParams.
+// address of the source's serving endpoint, as llm-d's router sets it. Both
+// are empty when nothing is pulled. llm-d's sidecar serves data-parallel rank
+// r on its base serving port plus r, and reads the source's rank back from
+// the header's port (rank = port - base). So a source of rank 0 is named by
+// its pod address as is, and a source of rank r > 0 by the pod's host with r
+// added to the pod's port ("10.0.0.2:8003" for "10.0.0.2:8000" rank 3,
+// "[fd00::2]:8002" for "[fd00::2]:8000" rank 2). A pod address without a
+// numeric port cannot carry a rank: the value is then the pod address, which
+// the sidecar takes for rank 0, and only KVTransferParams reaches the source.
 func (d *Decision) Header() (name, value string) {
 	if d.Reason != ReasonPull {
 		return "", ""
 	}
-	return HeaderKVCacheSource, d.Source.Pod
+	return HeaderKVCacheSource, rankAddress(d.Source)
+}
+
+// rankAddress returns the serving address of h: its pod address with h's
+// rank added to the port.
+func rankAddress(h index.Holder) string {
+	if h.Rank <= 0 {
+		return h.Pod
+	}
+	host, port, ok := podHostPort(h.Pod)
+	if !ok || port > 65535-h.Rank {
+		return h.Pod
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return host + ":" + strconv.Itoa(port+h.Rank)
+}
+
+// podHostPort splits a pod address "host:port" or "[v6]:port" into its host
+// and numeric port; ok is false when it has no such port.
+func podHostPort(pod string) (host string, port int, ok bool) {
+	var p string
+	if strings.HasPrefix(pod, "[") {
+		i := strings.Index(pod, "]:")
+		if i < 0 {
+			return "", 0, false
+		}
+		host, p = pod[1:i], pod[i+2:]
+	} else {
+		i := strings.LastIndexByte(pod, ':')
+		if i < 0 || strings.IndexByte(pod, ':') != i {
+			return "", 0, false
+		}
+		host, p = pod[:i], pod[i+1:]
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 0 || n > 65535 || p[0] == '+' {
+		return "", 0, false
+	}
+	return host, n, true
 }
 
 // RemoteKVSource is the object vLLM's P2P offload tier reads from a request's

@@ -331,7 +331,13 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 				missing = append(missing, strconv.FormatUint(k, 10))
 			}
 			require.Equal(t, missing, got.MissingBlocks)
-			require.Equal(t, map[string]string{"x-kv-cache-source-host-port": src.Pod}, got.Header)
+			// llm-d's sidecar reads the source's rank from the header's
+			// port: rank r is the pod's port plus r.
+			host, port, ok := strings.Cut(src.Pod, ":")
+			require.True(t, ok)
+			p, err := strconv.Atoi(port)
+			require.NoError(t, err)
+			require.Equal(t, map[string]string{"x-kv-cache-source-host-port": host + ":" + strconv.Itoa(p+src.Rank)}, got.Header)
 			rks := got.KVTransferParams.RemoteKVSource
 			require.NotNil(t, rks)
 			require.Equal(t, strings.Split(src.Pod, ":")[0], rks.RemoteHost)
