@@ -146,6 +146,9 @@ func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 			if !ok {
 				hs = newHolderState(h, ix.capacityOf(h))
 				ms.holders.Store(h, hs)
+				// A SetHolderCapacity whose scan missed hs stored its
+				// capacity before this second read.
+				hs.capacity.Store(ix.capacityOf(h))
 				list := *ms.list.Load()
 				next := make([]*holderState, len(list), len(list)+1)
 				copy(next, list)

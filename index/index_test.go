@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -428,4 +429,20 @@ func TestEvictionQueueCompactionKeepsEveryHoldingEvictable(t *testing.T) {
 	var res Result
 	ix.Lookup("m", p, &res)
 	require.Equal(t, oracleLookup(ix, "m", p), hitsByHolder(&res))
+}
+
+// A capacity set while the holder's first store creates it must not be
+// lost between the store's read of the capacities and its registration.
+func TestCapacitySetWhileHolderIsCreatedApplies(t *testing.T) {
+	ix := New(Config{})
+	keys := chain(1, 4)
+	for i := range 3000 {
+		h := Holder{Pod: fmt.Sprint(i)}
+		var wg sync.WaitGroup
+		wg.Go(func() { ix.Store("m", h, TierGPU, 0, 0, false, keys[:1]) })
+		wg.Go(func() { ix.SetHolderCapacity(h, 2) })
+		wg.Wait()
+		ix.Store("m", h, TierGPU, 0, 0, false, keys)
+		require.Equal(t, 2, ix.HolderBlocks("m", h)[TierGPU], "holder %d", i)
+	}
 }
