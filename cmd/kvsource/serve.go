@@ -36,7 +36,10 @@ import (
 //
 // A candidate without "dp_rank" stands for every rank of its pod. Bad
 // requests get 400 with {"error"}. SIGINT or SIGTERM shuts down gracefully,
-// saving the --snapshot file, which start-up loads.
+// saving the --snapshot file, which start-up loads. A holder loaded from the
+// snapshot is listed "stale" in /v1/pods, with its saved last_seq, until its
+// pod publishes again; if it never does, each shutdown saves it again with
+// that last_seq, so it stays, stale, across restarts (see saveSnapshot).
 
 func init() {
 	commands["serve"] = command{summary: "run events, index and picker as an HTTP JSON serveService", run: runServe}

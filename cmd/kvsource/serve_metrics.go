@@ -87,9 +87,13 @@ func (c *serveStatsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d.desc, d.kind, d.value(es, is))
 	}
 	states := map[string]int{"live": 0, "stale": 0}
-	for _, st := range c.s.sub.Status() {
+	list := c.s.idx.HolderList()
+	status := c.s.sub.Status()
+	for _, st := range status {
 		states[st.State]++
 	}
+	// Holders a snapshot brought in count as stale until their pod publishes.
+	states["stale"] += len(serveUnseen(list, status))
 	for state, n := range states {
 		ch <- prometheus.MustNewConstMetric(serveHolderStateDesc, prometheus.GaugeValue, float64(n), state)
 	}

@@ -12,7 +12,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +52,9 @@ type serveService struct {
 	// pulls holds the pull decisions by request id until POST /v1/done
 	// releases them or the in-flight TTL passes.
 	pulls *xsync.Map[string, *serveInflightPull]
+	// snapSeqs are the sequence numbers the snapshot was loaded with; read
+	// only after start-up.
+	snapSeqs map[index.Holder]uint64
 }
 
 type serveInflightPull struct {
@@ -63,12 +68,11 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
-	var seqs map[index.Holder]uint64
-	if s.idx, seqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
+	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
 	s.sub, err = events.NewSubscriber(events.Config{
-		Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: seqs, Hasher: h, Logger: log,
+		Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -228,6 +232,17 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 // entries may include blocks its engine no longer has; they are dropped
 // rather than saved as if they were exact.
 //
+// A holder the loaded snapshot brought in and whose pod has not published
+// since (listed "stale" in /v1/pods) is saved again with the sequence number
+// it was loaded with, so that when its pod does publish again the subscriber
+// checks the next batch against that number and replays what was missed. A
+// holder whose pod never comes back therefore stays, with its old number and
+// listed stale, across restarts. One without a loaded number (its pod is
+// never heard from under any model and the snapshot has no number for it)
+// could never be checked or replayed, so it is dropped. Holders that are
+// dropped are removed from the index in every model, so no empty holder is
+// saved either.
+//
 // The sequence numbers are read before SaveFile reads the index, and must
 // stay so: a worker publishes a batch's sequence number only after applying
 // the batch, so every batch up to a number read here is in the index
@@ -237,20 +252,58 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 // is idempotent. Shutdown stops the subscriber first, so this order only
 // matters should a snapshot ever be saved while events flow.
 func (s *serveService) saveSnapshot() error {
+	list := s.idx.HolderList()
+	status := s.sub.Status()
 	seqs := map[index.Holder]uint64{}
-	for _, st := range s.sub.Status() {
+	stale := map[index.Holder]bool{}
+	for _, st := range status {
 		if st.State == "live" {
 			seqs[st.Holder()] = st.LastSeq
 			continue
 		}
-		s.idx.ClearHolder(st.Model, st.Holder(), "")
+		stale[st.Holder()] = true
 		s.log.Warn("kvsource serve: stale holder left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model, "last_seq", st.LastSeq)
+	}
+	for _, hm := range serveUnseen(list, status) {
+		h := hm.Holder
+		if _, live := seqs[h]; live || stale[h] {
+			continue
+		}
+		if seq, ok := s.snapSeqs[h]; ok {
+			seqs[h] = seq
+			s.log.Info("kvsource serve: holder not heard from since the snapshot saved with its loaded sequence number", "pod", h.Pod, "rank", h.Rank, "model", hm.Model, "last_seq", seq)
+			continue
+		}
+		stale[h] = true
+		s.log.Warn("kvsource serve: holder without a sequence number left out of the snapshot", "pod", h.Pod, "rank", h.Rank, "model", hm.Model)
+	}
+	for h := range stale {
+		s.idx.RemoveHolder(h)
 	}
 	if err := s.idx.SaveFile(s.cfg.Snapshot, seqs); err != nil {
 		return err
 	}
 	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs))
 	return nil
+}
+
+// serveUnseen returns the pairs of list the subscriber has no status for
+// under that model: holders a snapshot brought in whose pod has not
+// published since. Read list before status: the subscriber knows a holder
+// before it applies the holder's first batch, so a holder that appears
+// between the two reads is not taken for one of the snapshot's.
+func serveUnseen(list []index.HolderModel, status []events.HolderStatus) []index.HolderModel {
+	seen := make(map[index.HolderModel]bool, len(status))
+	for _, st := range status {
+		seen[index.HolderModel{Model: st.Model, Holder: st.Holder()}] = true
+	}
+	var out []index.HolderModel
+	for _, hm := range list {
+		if !seen[hm] {
+			out = append(out, hm)
+		}
+	}
+	return out
 }
 
 // instrument counts requests by path and status and turns handler errors
@@ -387,7 +440,8 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 }
 
 // candidates converts the request's candidates; one without a dp_rank
-// stands for every rank of its pod the serveService has seen.
+// stands for every rank of its pod the service knows for the model, from
+// the subscriber or from the snapshot.
 func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]picker.Candidate, error) {
 	var ranks map[string][]int
 	var out []picker.Candidate
@@ -406,12 +460,7 @@ func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]pick
 			continue
 		}
 		if ranks == nil {
-			ranks = map[string][]int{}
-			for _, st := range s.sub.Status() {
-				if st.Model == model {
-					ranks[st.Pod] = append(ranks[st.Pod], st.Rank)
-				}
-			}
+			ranks = s.ranks(model)
 		}
 		rs := ranks[c.Pod]
 		if len(rs) == 0 {
@@ -422,6 +471,30 @@ func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]pick
 		}
 	}
 	return out, nil
+}
+
+// ranks returns, per pod, the data-parallel ranks known for model: those
+// the subscriber has heard from and those the index holds (a snapshot's).
+func (s *serveService) ranks(model string) map[string][]int {
+	known := map[index.Holder]bool{}
+	for _, hm := range s.idx.HolderList() {
+		if hm.Model == model {
+			known[hm.Holder] = true
+		}
+	}
+	for _, st := range s.sub.Status() {
+		if st.Model == model {
+			known[st.Holder()] = true
+		}
+	}
+	ranks := map[string][]int{}
+	for h := range known {
+		ranks[h.Pod] = append(ranks[h.Pod], h.Rank)
+	}
+	for _, rs := range ranks {
+		slices.Sort(rs)
+	}
+	return ranks
 }
 
 type serveDoneRequest struct {
@@ -501,20 +574,40 @@ type servePodJSON struct {
 	InflightPulls  int            `json:"inflight_pulls"`
 }
 
+// handlePods lists every holder the subscriber knows, and every holder the
+// snapshot brought in whose pod has not published since, as stale with the
+// sequence number it was loaded with.
 func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return serveBadRequest{fmt.Errorf("method %s not allowed, use GET", r.Method)}
 	}
+	list := s.idx.HolderList()
+	status := s.sub.Status()
 	pods := []servePodJSON{}
-	for _, st := range s.sub.Status() {
-		blocks := map[string]int{index.TierGPU: 0, index.TierCPU: 0}
-		for t, n := range s.idx.HolderBlocks(st.Model, st.Holder()) {
-			blocks[t] = n
-		}
-		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: blocks,
+	for _, st := range status {
+		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: s.holderBlocks(st.Model, st.Holder()),
 			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
 			HashMismatches: st.HashMismatches, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
 	}
+	for _, hm := range serveUnseen(list, status) {
+		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
+			Blocks: s.holderBlocks(hm.Model, hm.Holder), LastSeq: s.snapSeqs[hm.Holder], State: "stale",
+			InflightPulls: s.pk.Inflight(hm.Holder)})
+	}
+	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
+		if c := strings.Compare(a.Pod, b.Pod); c != 0 {
+			return c
+		}
+		return a.DPRank - b.DPRank
+	})
 	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods})
 	return nil
+}
+
+func (s *serveService) holderBlocks(model string, h index.Holder) map[string]int {
+	blocks := map[string]int{index.TierGPU: 0, index.TierCPU: 0}
+	for t, n := range s.idx.HolderBlocks(model, h) {
+		blocks[t] = n
+	}
+	return blocks
 }

@@ -1,0 +1,37 @@
+package index
+
+import (
+	"slices"
+	"strings"
+)
+
+// HolderModel names one (model, holder) pair the index keeps state for.
+type HolderModel struct {
+	Model  string
+	Holder Holder
+}
+
+// HolderList returns every (model, holder) pair the index keeps state for,
+// including holders whose blocks were all removed or cleared (RemoveHolder
+// forgets them), sorted by model, pod and rank. It is what Stats.Holders
+// counts, e.g. the holders a snapshot brought in. It reads without locks,
+// so pairs added or removed meanwhile may or may not be listed.
+func (ix *Index) HolderList() []HolderModel {
+	var out []HolderModel
+	ix.models.Range(func(name string, ms *modelState) bool {
+		for _, hs := range *ms.list.Load() {
+			out = append(out, HolderModel{Model: name, Holder: hs.h})
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b HolderModel) int {
+		if c := strings.Compare(a.Model, b.Model); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Holder.Pod, b.Holder.Pod); c != 0 {
+			return c
+		}
+		return a.Holder.Rank - b.Holder.Rank
+	})
+	return out
+}

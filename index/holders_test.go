@@ -1,0 +1,32 @@
+package index
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestHolderListNamesEveryModelHolderPairSortedIncludingLoadedOnes(t *testing.T) {
+	ix := New(Config{})
+	require.Empty(t, ix.HolderList())
+	a, b1, b0 := Holder{Pod: "a:1"}, Holder{Pod: "b:1", Rank: 1}, Holder{Pod: "b:1"}
+	ix.Store("m2", a, TierCPU, 0, 0, false, []uint64{1})
+	ix.Store("m1", b1, TierGPU, 0, 0, false, []uint64{1, 2})
+	ix.Store("m1", b0, TierGPU, 0, 0, false, []uint64{3})
+	ix.Store("m1", a, TierGPU, 0, 0, false, []uint64{4})
+	want := []HolderModel{{"m1", a}, {"m1", b0}, {"m1", b1}, {"m2", a}}
+	require.Equal(t, want, ix.HolderList())
+
+	// Cleared holders keep their place; removed ones are gone.
+	ix.ClearHolder("m1", b0, "")
+	require.Equal(t, want, ix.HolderList())
+	ix.RemoveHolder(a)
+	require.Equal(t, []HolderModel{{"m1", b0}, {"m1", b1}}, ix.HolderList())
+
+	path := filepath.Join(t.TempDir(), "snap")
+	require.NoError(t, ix.SaveFile(path, nil))
+	loaded, _, err := LoadFile(path, Config{})
+	require.NoError(t, err)
+	require.Equal(t, []HolderModel{{"m1", b0}, {"m1", b1}}, loaded.HolderList())
+}
