@@ -65,6 +65,10 @@ type serveConfig struct {
 	Snapshot            string
 	Calibration         string
 	ShutdownTimeout     time.Duration
+	// ReadTimeout bounds reading a request, body included; WriteTimeout
+	// the time from the end of its headers to the end of the response;
+	// IdleTimeout how long a keep-alive connection waits for the next.
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 }
 
 type serveStringList []string
@@ -122,6 +126,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved at shutdown")
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
+	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
+	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
+	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
@@ -148,6 +155,14 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	}
 	if cfg.InflightTTL <= 0 {
 		return cfg, fmt.Errorf("--inflight-ttl must be positive, got %v", cfg.InflightTTL)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--http-read-timeout", cfg.ReadTimeout}, {"--http-write-timeout", cfg.WriteTimeout}, {"--http-idle-timeout", cfg.IdleTimeout}} {
+		if d.v <= 0 {
+			return cfg, fmt.Errorf("%s must be positive, got %v", d.name, d.v)
+		}
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	return cfg, nil

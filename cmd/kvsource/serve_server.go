@@ -120,7 +120,11 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil
 	}))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Without these a client that stalls mid-body, never reads its answer or
+	// keeps idle connections open holds a connection and its goroutine
+	// forever.
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
+		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, IdleTimeout: cfg.IdleTimeout}
 	return s, nil
 }
 

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// serveConnClosedWithin reports whether the server closes conn within d;
+// what it sends before closing is read and discarded.
+func serveConnClosedWithin(t *testing.T, conn net.Conn, d time.Duration) bool {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(d)))
+	_, err := io.Copy(io.Discard, conn)
+	return !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+func TestServeClosesConnectionsThatStallOrIdle(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		// send writes to the connection before the wait.
+		send string
+		// keepAlive means one full request is answered first.
+		keepAlive bool
+	}{
+		{"a body that stops mid-way", []string{"--http-read-timeout", "300ms"},
+			"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":", false},
+		{"an idle keep-alive connection", []string{"--http-idle-timeout", "300ms"},
+			"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, base := startServe(t, tc.args...)
+			conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+			require.NoError(t, err)
+			defer conn.Close()
+			_, err = io.WriteString(conn, tc.send)
+			require.NoError(t, err)
+			if tc.keepAlive {
+				resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				require.False(t, resp.Close)
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			require.True(t, serveConnClosedWithin(t, conn, 5*time.Second), "the connection is still open")
+		})
+	}
+}
+
+func TestServeHTTPTimeoutsHaveDefaultsAreAppliedAndMustBePositive(t *testing.T) {
+	for _, flag := range []string{"--http-read-timeout", "--http-write-timeout", "--http-idle-timeout"} {
+		_, err := parseServeFlags([]string{flag, "0s"}, io.Discard)
+		require.ErrorContains(t, err, flag)
+	}
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{30 * time.Second, 30 * time.Second, 2 * time.Minute},
+		[]time.Duration{cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout})
+	s, _ := startServe(t, "--http-read-timeout", "5s", "--http-write-timeout", "7s", "--http-idle-timeout", "9s")
+	require.Equal(t, []time.Duration{5 * time.Second, 7 * time.Second, 9 * time.Second},
+		[]time.Duration{s.http.ReadTimeout, s.http.WriteTimeout, s.http.IdleTimeout})
+}
