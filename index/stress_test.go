@@ -123,11 +123,11 @@ func TestConcurrentIngestAndLookups(t *testing.T) {
 }
 
 // TestConcurrentLookupsSeeOnlyRealPrefixes toggles single blocks of a
-// held chain (opening and closing gaps while lookups search it) and churns
-// the same table (growing it, listing more gaps than lookups check, then
-// fewer). A lookup must end the prefix at a toggled block or at the end,
-// never elsewhere: that would be a block counted held that never was, or
-// a held one missed.
+// held chain p (opening and closing gaps while lookups search it) and
+// churns the same table (growing it, listing more gaps than lookups check,
+// then fewer). A lookup of p must end at a toggled block or at p's end:
+// anywhere else, a held block was missed or a torn read misplaced one. A
+// lookup of q must end at z, which no write ever holds.
 func TestConcurrentLookupsSeeOnlyRealPrefixes(t *testing.T) {
 	d := time.Second
 	if testing.Short() {
@@ -156,12 +156,12 @@ func TestConcurrentLookupsSeeOnlyRealPrefixes(t *testing.T) {
 		for !stop.Load() {
 			i := toggles[rng.IntN(len(toggles))]
 			ix.Remove("m", podA, TierGPU, 0, p[i:i+1])
-			q := u.path(1 + rng.IntN(100))
+			other := u.path(1 + rng.IntN(100))
 			if rng.IntN(2) == 0 {
-				ix.Store("m", podA, TierGPU, 0, 0, false, q)
+				ix.Store("m", podA, TierGPU, 0, 0, false, other)
 			} else {
 				var ks []uint64
-				for _, k := range q {
+				for _, k := range other {
 					if rng.IntN(2) == 0 {
 						ks = append(ks, k)
 					}
