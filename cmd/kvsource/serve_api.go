@@ -108,11 +108,13 @@ type serveBadRequest struct{ err error }
 func (b serveBadRequest) Error() string { return b.err.Error() }
 func (b serveBadRequest) Unwrap() error { return b.err }
 
+// serveDecodeJSON decodes a POST body, which instrument bounds to
+// serveMaxBody.
 func serveDecodeJSON(r *http.Request, v any) error {
 	if r.Method != http.MethodPost {
 		return serveBadRequest{fmt.Errorf("method %s not allowed, use POST", r.Method)}
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, serveMaxBody))
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return serveBadRequest{fmt.Errorf("decoding request: %w", err)}

@@ -71,3 +71,16 @@ func TestServeHTTPTimeoutsHaveDefaultsAreAppliedAndMustBePositive(t *testing.T) 
 	require.Equal(t, []time.Duration{5 * time.Second, 7 * time.Second, 9 * time.Second},
 		[]time.Duration{s.http.ReadTimeout, s.http.WriteTimeout, s.http.IdleTimeout})
 }
+
+func TestServeClosesTheConnectionAfterAnOversizeBody(t *testing.T) {
+	_, base := startServe(t)
+	body := strings.Repeat(" ", serveMaxBody) + `{"model":"m","tokens":[1]}`
+	resp, err := http.Post(base+"/v1/score", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	msg, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", msg)
+	require.Contains(t, string(msg), "too large")
+	require.True(t, resp.Close, "the server keeps the connection open after an oversize body")
+}

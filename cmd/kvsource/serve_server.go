@@ -310,10 +310,15 @@ func serveUnseen(list []index.HolderModel, status []events.HolderStatus) []index
 	return out
 }
 
-// instrument counts requests by path and status and turns handler errors
-// into JSON error responses: 400 for the client's mistakes, 500 otherwise.
+// instrument bounds request bodies to serveMaxBody, counts requests by path
+// and status and turns handler errors into JSON error responses: 400 for the
+// client's mistakes, 500 otherwise.
 func (s *serveService) instrument(path string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// The server's own ResponseWriter, not the recorder: through it
+		// the limit marks the connection to be closed after the answer,
+		// rather than left to read the rest of an oversize body.
+		r.Body = http.MaxBytesReader(w, r.Body, serveMaxBody)
 		rec := &serveStatusRecorder{ResponseWriter: w, code: http.StatusOK}
 		if err := h(rec, r); err != nil {
 			code := http.StatusInternalServerError
