@@ -2,12 +2,17 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,4 +88,46 @@ func TestServeClosesTheConnectionAfterAnOversizeBody(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", msg)
 	require.Contains(t, string(msg), "too large")
 	require.True(t, resp.Close, "the server keeps the connection open after an oversize body")
+}
+
+// serveLockedBuffer is a log sink safe for concurrent writers.
+type serveLockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *serveLockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *serveLockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestServeShutdownStopsWaitingForAStuckSubscriberAndStillSaves(t *testing.T) {
+	snapshot := filepath.Join(t.TempDir(), "index.snap")
+	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", snapshot}, io.Discard)
+	require.NoError(t, err)
+	var logs serveLockedBuffer
+	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	require.NoError(t, s.Start(context.Background()))
+	// A subscriber that never reports back.
+	s.subDone = make(chan error)
+	s.subStopTimeout = 100 * time.Millisecond
+
+	done := make(chan error, 1)
+	go func() { done <- s.Shutdown(context.Background()) }()
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown still waits for the subscriber")
+	}
+	require.ErrorContains(t, err, "subscriber did not stop within 100ms")
+	require.Contains(t, logs.String(), "the event subscriber did not stop in time")
+	require.FileExists(t, snapshot)
 }

@@ -48,6 +48,8 @@ type serveService struct {
 	stopSub  context.CancelFunc
 	subDone  chan error
 	shutdown sync.Once
+	// subStopTimeout bounds how long Shutdown waits for the subscriber.
+	subStopTimeout time.Duration
 
 	// pulls holds the pull decisions by request id until POST /v1/done
 	// releases them or the in-flight TTL passes.
@@ -67,7 +69,8 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
+	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull](),
+		subStopTimeout: serveSubStopTimeout}
 	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
@@ -198,8 +201,9 @@ func (s *serveService) Start(ctx context.Context) error {
 	s.ln = ln
 	subCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.stopSub = cancel
-	s.subDone = make(chan error, 1)
-	go func() { s.subDone <- s.sub.Run(subCtx) }()
+	done := make(chan error, 1)
+	s.subDone = done
+	go func() { done <- s.sub.Run(subCtx) }()
 	go s.forgetExpiredPulls(subCtx)
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -214,15 +218,29 @@ func (s *serveService) Start(ctx context.Context) error {
 // Addr returns the address the HTTP API listens on.
 func (s *serveService) Addr() string { return s.ln.Addr().String() }
 
+// serveSubStopTimeout is how long Shutdown waits for the subscriber to stop.
+const serveSubStopTimeout = 10 * time.Second
+
 // Shutdown stops accepting requests, waits for those in flight, stops the
-// subscriber and saves the snapshot when one is configured.
+// subscriber and saves the snapshot when one is configured. A subscriber
+// that has not stopped after subStopTimeout is logged and left behind: the
+// snapshot is saved all the same (saveSnapshot is correct while events
+// flow) and Shutdown returns an error saying so.
 func (s *serveService) Shutdown(ctx context.Context) error {
 	var err error
 	s.shutdown.Do(func() {
 		err = s.http.Shutdown(ctx)
 		s.stopSub()
-		if serr := <-s.subDone; serr != nil && !errors.Is(serr, context.Canceled) {
-			err = errors.Join(err, fmt.Errorf("events: %w", serr))
+		t := time.NewTimer(s.subStopTimeout)
+		defer t.Stop()
+		select {
+		case serr := <-s.subDone:
+			if serr != nil && !errors.Is(serr, context.Canceled) {
+				err = errors.Join(err, fmt.Errorf("events: %w", serr))
+			}
+		case <-t.C:
+			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it", "timeout", s.subStopTimeout)
+			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop within %v", s.subStopTimeout))
 		}
 		if s.cfg.Snapshot != "" {
 			err = errors.Join(err, s.saveSnapshot())
