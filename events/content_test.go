@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 func storedTokens(parent *uint64, tokens []uint32, keys ...uint64) Event {
@@ -30,7 +31,7 @@ func TestContentModeKeysBlocksByTokensAndResolvesEngineKeys(t *testing.T) {
 	withLoRA, err := ck.BlockKeys(nil, hashing.Request{Tokens: tokens[:4], LoRAName: "ad"})
 	require.NoError(t, err)
 
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, ContentKeys: ck})
 	p := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@pod@m"})
@@ -129,7 +130,7 @@ func TestHashCheckRunsOnlyOnEventsStartingAtBlockZero(t *testing.T) {
 	tokens := seqTokens(7, 8)
 	keys, err := hs.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, Hasher: hs, MismatchLogInterval: time.Hour})
 	p := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@pod@m"})

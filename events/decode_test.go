@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"testing"
@@ -12,24 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
-)
 
-// sharedPath returns a path under the shared data directory, the sibling of
-// the repository root (the directory holding go.mod).
-func sharedPath(t testing.TB, elem ...string) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		require.NotEqual(t, parent, dir, "no go.mod above the test directory")
-		dir = parent
-	}
-	return filepath.Join(append([]string{dir, "..", "shared"}, elem...)...)
-}
+	"github.com/kvsource/kvsource/internal/testenv"
+)
 
 type conformanceCase struct {
 	Name       string          `json:"name"`
@@ -41,7 +25,7 @@ type conformanceCase struct {
 
 func loadPayloadCases(t testing.TB) []conformanceCase {
 	t.Helper()
-	raw, err := os.ReadFile(sharedPath(t, "conformance", "events", "payloads.json"))
+	raw, err := os.ReadFile(testenv.Shared(t, "conformance", "events", "payloads.json"))
 	require.NoError(t, err)
 	var file struct {
 		Cases []conformanceCase `json:"cases"`

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 // ingestPayloads pre-encodes a cycle of batches for one pod: each stores 32
@@ -65,7 +66,7 @@ func BenchmarkIngest(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			sink := newIngestSink()
-			port := freePort(b)
+			port := testenv.FreePort(b)
 			s := startSubscriber(b, Config{Sink: sink, Bind: []string{localEP(port)}, Hasher: tc.hasher,
 				Logger: newTextLogger(discard{})})
 			pubs := make([]*Publisher, pods)

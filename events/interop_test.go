@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"os/exec"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,21 +13,14 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
-
-const python = "/usr/bin/python3"
-
-var pyCheck = sync.OnceValue(func() error {
-	return exec.Command(python, "-c", "import zmq, msgpack").Run()
-})
 
 // runPyPublisher runs the shared model of vLLM's publisher with args,
 // feeding it batches as JSON lines, and waits for it to exit.
 func runPyPublisher(t *testing.T, args []string, batches ...map[string]any) {
 	t.Helper()
-	if err := pyCheck(); err != nil {
-		t.Skipf("%s lacks python3-zmq or python3-msgpack (%v): interop with the vLLM publisher model not tested", python, err)
-	}
+	python := testenv.Python(t)
 	var in bytes.Buffer
 	for _, b := range batches {
 		line, err := json.Marshal(b)
@@ -38,7 +30,7 @@ func runPyPublisher(t *testing.T, args []string, batches ...map[string]any) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Short waits keep the package's tests fast; args may override them.
-	args = append([]string{sharedPath(t, "interop", "vllm_publisher.py"), "--warmup", "0.3", "--linger", "0.2"}, args...)
+	args = append([]string{testenv.Shared(t, "interop", "vllm_publisher.py"), "--warmup", "0.3", "--linger", "0.2"}, args...)
 	cmd := exec.CommandContext(ctx, python, args...)
 	cmd.Stdin = &in
 	out, err := cmd.CombinedOutput()
@@ -100,7 +92,7 @@ func TestInteropWithVLLMPublisherModel(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			port := freePort(t)
+			port := testenv.FreePort(t)
 			tee := newTeeSink()
 			sink := tee.rec
 			cfg := Config{Sink: tee, TopicPrefix: "kv@"}
@@ -132,7 +124,7 @@ func TestInteropDroppedSequenceIsReplayedInBothFormats(t *testing.T) {
 		for _, bind := range []bool{false, true} {
 			t.Run(format+"/bind="+strconv.FormatBool(bind), func(t *testing.T) {
 				t.Parallel()
-				port, rport := freePort(t), freePort(t)
+				port, rport := testenv.FreePort(t), testenv.FreePort(t)
 				tee := newTeeSink()
 				sink := tee.rec
 				cfg := Config{Sink: tee}
@@ -174,7 +166,7 @@ func TestInteropDroppedSequenceIsReplayedInBothFormats(t *testing.T) {
 
 func TestInteropEngineRestartClearsTheHolder(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	tee := newTeeSink()
 	sink := tee.rec
 	s := startSubscriber(t, Config{Sink: tee, Bind: []string{localEP(port)}})
@@ -219,7 +211,7 @@ func TestInteropHashMismatchIsReportedOnlyForAnotherSeed(t *testing.T) {
 			t.Parallel()
 			router, err := hashing.New(tc.cfg)
 			require.NoError(t, err)
-			port := freePort(t)
+			port := testenv.FreePort(t)
 			sink := newRecSink()
 			var logs syncBuffer
 			s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, Hasher: router,

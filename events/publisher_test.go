@@ -7,6 +7,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 func TestBindsEndpointFollowsVLLM(t *testing.T) {
@@ -25,7 +27,7 @@ func TestPublisherWireFormat(t *testing.T) {
 	for _, format := range []ReplayFormat{ReplayV26, ReplayV25} {
 		t.Run(format.String(), func(t *testing.T) {
 			t.Parallel()
-			port, rport := freePort(t), freePort(t)
+			port, rport := testenv.FreePort(t), testenv.FreePort(t)
 			p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@p@m",
 				ReplayFormat: format, BufferSteps: 3})
 			sub, err := zmq.NewSocket(zmq.SUB)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 // replySender sends one replay reply message; false once the server stops.
@@ -106,7 +107,7 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			port, rport, other := freePort(t), freePort(t), freePort(t)
+			port, rport, other := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
 			sink := newRecSink()
 			// One worker: the stalled replay would hold the other pod too.
 			s := startSubscriber(t, Config{Sink: sink, Workers: 1, ReplayTimeout: 200 * time.Millisecond,

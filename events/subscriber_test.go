@@ -22,17 +22,10 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 const waitLong = 10 * time.Second
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 func localEP(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
 func anyEP(port int) string   { return fmt.Sprintf("tcp://*:%d", port) }
@@ -166,7 +159,7 @@ func TestNewSubscriberRejectsBadConfig(t *testing.T) {
 
 func TestBindModeKeepsRanksApartAndMapsTopics(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, TopicPrefix: "kv@"})
 	topic := "kv@10.0.0.1:8000@" + testModel
@@ -189,7 +182,7 @@ func TestBindModeKeepsRanksApartAndMapsTopics(t *testing.T) {
 
 func TestBindModeCountsTopicsTheMapperRejects(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
 	p := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "not-a-kv-topic"})
@@ -202,7 +195,7 @@ func TestBindModeCountsTopicsTheMapperRejects(t *testing.T) {
 
 func TestConnectModeAddsAndRemovesPodsAtRunTime(t *testing.T) {
 	t.Parallel()
-	pa, pb := freePort(t), freePort(t)
+	pa, pb := testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	// A caller-supplied mapper: the model is the whole topic.
 	s := startSubscriber(t, Config{Sink: sink, Topic: func(topic string) (string, string, bool) { return "", topic, true }})
@@ -237,7 +230,7 @@ func TestGapIsRecoveredByReplayInBothFormats(t *testing.T) {
 	for _, format := range []ReplayFormat{ReplayV26, ReplayV25} {
 		t.Run(fmt.Sprint(format), func(t *testing.T) {
 			t.Parallel()
-			port, rport := freePort(t), freePort(t)
+			port, rport := testenv.FreePort(t), testenv.FreePort(t)
 			sink := newRecSink()
 			s := startSubscriber(t, Config{Sink: sink})
 			var drop atomic.Int64
@@ -279,7 +272,7 @@ func TestUnrecoverableGapFollowsThePolicy(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(fmt.Sprint(tc.policy), func(t *testing.T) {
 			t.Parallel()
-			port := freePort(t)
+			port := testenv.FreePort(t)
 			sink := newRecSink()
 			s := startSubscriber(t, Config{Sink: sink, Gap: tc.policy})
 			var drop atomic.Int64
@@ -312,7 +305,7 @@ func TestUnrecoverableGapFollowsThePolicy(t *testing.T) {
 
 func TestEngineRestartClearsTheHolderThenApplies(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
 	h := index.Holder{Pod: "pod"}
@@ -337,7 +330,7 @@ func TestEngineRestartClearsTheHolderThenApplies(t *testing.T) {
 
 func TestInitialSeqsFetchWhatARestoredRouterMissed(t *testing.T) {
 	t.Parallel()
-	port, rport := freePort(t), freePort(t)
+	port, rport := testenv.FreePort(t), testenv.FreePort(t)
 	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
 	// Published before the router runs: seq 0-1 are in its snapshot, 2-3
 	// are not.
@@ -356,7 +349,7 @@ func TestInitialSeqsFetchWhatARestoredRouterMissed(t *testing.T) {
 
 func TestMalformedPayloadIsCountedAndOtherPodsKeepTheirState(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	var logs syncBuffer
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, Logger: newTextLogger(&logs)})
@@ -400,7 +393,7 @@ func (b *syncBuffer) String() string {
 
 func TestFullQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
 	t.Parallel()
-	port, rport := freePort(t), freePort(t)
+	port, rport := testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Workers: 1, QueueLen: 1, EnqueueTimeout: time.Millisecond})
 	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
@@ -424,7 +417,7 @@ func TestFullQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
 
 func TestBindAndConnectModesRunTogether(t *testing.T) {
 	t.Parallel()
-	bport, cport := freePort(t), freePort(t)
+	bport, cport := testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(bport)}})
 	viaBind := newPublisher(t, PublisherConfig{Endpoint: localEP(bport), Topic: "kv@engine-a@m"})
@@ -441,7 +434,7 @@ func TestBindAndConnectModesRunTogether(t *testing.T) {
 
 func TestGapBeyondTheReplayBufferClearsThenAppliesWhatIsLeft(t *testing.T) {
 	t.Parallel()
-	port, rport := freePort(t), freePort(t)
+	port, rport := testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink})
 	var dropFrom atomic.Int64
@@ -473,7 +466,7 @@ func TestGapBeyondTheReplayBufferClearsThenAppliesWhatIsLeft(t *testing.T) {
 func freePortPair(t testing.TB) int {
 	t.Helper()
 	for range 50 {
-		p := freePort(t)
+		p := testenv.FreePort(t)
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
 			l.Close()
 			return p
@@ -485,7 +478,7 @@ func freePortPair(t testing.TB) int {
 
 func TestBindModeReplaysEachRankFromItsOwnPort(t *testing.T) {
 	t.Parallel()
-	port, rport := freePort(t), freePortPair(t)
+	port, rport := testenv.FreePort(t), freePortPair(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
 	require.NoError(t, s.AddPod("pod", "", localEP(rport)))
@@ -509,7 +502,7 @@ func TestBindModeReplaysEachRankFromItsOwnPort(t *testing.T) {
 
 func TestDeadReplayEndpointFailsOnceThenBacksOff(t *testing.T) {
 	t.Parallel()
-	port, dead := freePort(t), freePort(t)
+	port, dead := testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, ReplayTimeout: 100 * time.Millisecond})
 	var drop1, drop2 atomic.Int64
@@ -534,7 +527,7 @@ func TestDeadReplayEndpointFailsOnceThenBacksOff(t *testing.T) {
 
 func TestRestartedEngineFetchesTheFirstBatchesItsSubscriberMissed(t *testing.T) {
 	t.Parallel()
-	port, rport := freePort(t), freePort(t)
+	port, rport := testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
 	require.NoError(t, s.AddPod("pod", "", localEP(rport)))
@@ -612,7 +605,7 @@ func startStingyReplay(t *testing.T, endpoint string, batches ...Batch) {
 
 func TestReplayEndingPartWayThroughAJoinAppliesTheGapPolicy(t *testing.T) {
 	t.Parallel()
-	port, rport := freePort(t), freePort(t)
+	port, rport := testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, ReplayTimeout: 100 * time.Millisecond})
 	// Seq 0 stores block 1 and seq 1 removes it; replay sends only seq 0.
@@ -635,7 +628,7 @@ func TestReplayEndingPartWayThroughAJoinAppliesTheGapPolicy(t *testing.T) {
 
 func TestRunLeavesNoGoroutinesBehind(t *testing.T) {
 	before := runtime.NumGoroutine()
-	bport, cport, rport := freePort(t), freePort(t), freePort(t)
+	bport, cport, rport := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
 	sink := newRecSink()
 	s, err := NewSubscriber(Config{Sink: sink, Bind: []string{localEP(bport)}, Workers: 3})
 	require.NoError(t, err)
@@ -667,7 +660,7 @@ func TestRunLeavesNoGoroutinesBehind(t *testing.T) {
 
 func TestUnknownEventIsCountedAndTheRestOfItsBatchApplies(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}})
 	p := newPublisher(t, PublisherConfig{Endpoint: localEP(port), Topic: "kv@pod@m"})
@@ -689,7 +682,7 @@ func TestUnknownEventIsCountedAndTheRestOfItsBatchApplies(t *testing.T) {
 
 func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	s := startSubscriber(t, Config{Sink: sink, Workers: 1, QueueLen: 4, EnqueueTimeout: time.Millisecond})
 	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), Topic: "kv@pod@m"})
@@ -725,7 +718,7 @@ func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing
 
 func TestNewHoldersPastMaxHoldersAreDroppedAndKnownOnesKeepApplying(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	sink := newRecSink()
 	var logs syncBuffer
 	s := startSubscriber(t, Config{Sink: sink, Bind: []string{localEP(port)}, MaxHolders: 2, Logger: newTextLogger(&logs)})

@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 // vector is one line of ../shared/conformance/hash_vectors.jsonl.
@@ -51,23 +52,8 @@ func (v vector) request() Request {
 	return r
 }
 
-// repoRoot walks up from the working directory to the directory of go.mod.
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		require.NotEqual(t, dir, parent, "no go.mod above the working directory")
-		dir = parent
-	}
-}
-
 func vectorsPath(t testing.TB) string {
-	return filepath.Join(repoRoot(t), "..", "shared", "conformance", "hash_vectors.jsonl")
+	return testenv.Shared(t, "conformance", "hash_vectors.jsonl")
 }
 
 func loadVectors(t testing.TB) []vector {

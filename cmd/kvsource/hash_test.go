@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 func runHashWith(args []string, stdin string) (code int, stdout, stderr string) {
@@ -144,22 +146,8 @@ func (v hashVector) args() []string {
 	return args
 }
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		require.NotEqual(t, dir, parent, "no go.mod above the working directory")
-		dir = parent
-	}
-}
-
 func TestHashBinaryMatchesConformanceVectors(t *testing.T) {
-	root := repoRoot(t)
+	root := testenv.RepoRoot(t)
 	bin := filepath.Join(t.TempDir(), "kvsource")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/kvsource")
 	build.Dir = root

@@ -14,28 +14,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/internal/testenv"
 	"github.com/kvsource/kvsource/transfer"
 )
-
-// python returns /usr/bin/python3 when it has pyzmq and msgpack.
-func python(t *testing.T) string {
-	t.Helper()
-	const py = "/usr/bin/python3"
-	if _, err := os.Stat(py); err != nil {
-		t.Skip("no /usr/bin/python3")
-	}
-	if err := exec.Command(py, "-c", "import zmq, msgpack").Run(); err != nil {
-		t.Skip("python3 lacks pyzmq or msgpack")
-	}
-	return py
-}
 
 // TestProducerServesAPythonConsumer runs the Go producer against a consumer
 // written from the spec in Python (testdata/py_consumer.py). The consumer's
 // memory is a region of this process registered with the in-process data
 // plane, whose agent metadata the script sends in its connect.
 func TestProducerServesAPythonConsumer(t *testing.T) {
-	py := python(t)
+	py := testenv.Python(t)
 	p, store := newTestProducer(t, 3)
 	plane := NewInProcess()
 	mem := make([]byte, 4*testBlockLen)
@@ -107,7 +95,7 @@ func repeat(c byte) []byte {
 // written from the spec in Python (testdata/py_producer.py), which names
 // itself localhost:port while the client dials 127.0.0.1:port.
 func TestClientPullsFromAPythonProducer(t *testing.T) {
-	py := python(t)
+	py := testenv.Python(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, filepath.Join("testdata", "py_producer.py"), "128", DefaultHashSeed,

@@ -1,0 +1,77 @@
+// Package testenv finds what kvsource's tests share with the world outside
+// the module: the repository root, the read-only ../shared folder beside it
+// (conformance data, the vLLM publisher model), Debian's Python with pyzmq
+// and msgpack, and free loopback ports.
+//
+// It is for tests only.
+package testenv
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// RepoRoot returns the directory holding go.mod, walking up from the test's
+// working directory.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("testenv: no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
+
+// Shared returns a path under ../shared, the folder beside the checkout that
+// holds the conformance data and the interop scripts.
+func Shared(t testing.TB, elem ...string) string {
+	t.Helper()
+	return filepath.Join(append([]string{RepoRoot(t), "..", "shared"}, elem...)...)
+}
+
+// PythonPath is Debian's interpreter, the one python3-zmq and
+// python3-msgpack install for.
+const PythonPath = "/usr/bin/python3"
+
+var pythonErr = sync.OnceValue(func() error {
+	return exec.Command(PythonPath, "-c", "import zmq, msgpack").Run()
+})
+
+// Python returns PythonPath once it can import zmq and msgpack. Without them
+// the test is skipped on a developer's machine (make deps installs them) and
+// fails in CI (CI set), where a skipped interop test would pass unseen.
+func Python(t testing.TB) string {
+	t.Helper()
+	if err := pythonErr(); err != nil {
+		msg := PythonPath + " cannot import zmq and msgpack (run make deps): "
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s%v", msg, err)
+		}
+		t.Skipf("%s%v", msg, err)
+	}
+	return PythonPath
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
