@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os/exec"
 	"slices"
@@ -108,6 +109,21 @@ func pyStoredEvent(keys []uint64, tokens []uint32, from, to int, tier, lora stri
 		"token_ids": tokens[from*16 : to*16], "block_size": 16, "medium": tier, "lora_name": lora}
 }
 
+// serveFreePortPair returns two consecutive free ports, for a pod whose rank
+// r replays on its rank-0 port plus r.
+func serveFreePortPair(t *testing.T) (int, int) {
+	t.Helper()
+	for range 100 {
+		p := serveFreePort(t)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
+			l.Close()
+			return p, p + 1
+		}
+	}
+	t.Fatal("no two consecutive free ports")
+	return 0, 0
+}
+
 func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	if err := exec.Command(servePython, "-c", "import zmq, msgpack").Run(); err != nil {
 		t.Skipf("%s lacks python3-zmq or python3-msgpack (%v)", servePython, err)
@@ -126,7 +142,9 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 
 	podA := index.Holder{Pod: "10.0.0.1:8000"}
 	podB := index.Holder{Pod: "10.0.0.2:8000"}
+	// Pod C runs two data-parallel ranks: separate caches, separate holders.
 	podC := index.Holder{Pod: "10.0.0.3:8000", Rank: 1}
+	podC0 := index.Holder{Pod: podC.Pod}
 	want := serveHoldings{}
 	want.set(podA, index.TierGPU, 0, 6, true)
 	want.set(podA, index.TierCPU, 0, 6, true)
@@ -135,15 +153,16 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	want.set(podB, index.TierGPU, 18, 20, false)
 	want.set(podC, index.TierGPU, 0, 3, true)
 	want.set(podC, index.TierCPU, 0, 12, true)
+	want.set(podC0, index.TierCPU, 0, 4, true)
 
 	// Every publisher has a replay endpoint, so that a first batch sent
 	// before the service's subscription arrived is fetched, not lost. Pod
 	// C's rank 1 replays on its rank-0 port plus one.
 	portA, replayA, portB, replayB, bindPort := serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t)
-	replayC := serveFreePort(t)
+	replayC0, replayC := serveFreePortPair(t)
 	_, base := startServe(t,
 		"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
-		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", podC.Pod, replayC-1),
+		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", podC.Pod, replayC0),
 		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", podA.Pod, portA, replayA),
 		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", podB.Pod, portB, replayB),
 	)
@@ -179,6 +198,12 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 				batch(1, pyStoredEvent(keys, tokens, 0, 3, "GPU", lora)),
 				batch(1, pyStoredEvent(keys, tokens, 0, 3, "CPU", lora), pyStoredEvent(keys, tokens, 3, 12, "CPU", lora)),
 			}},
+		// Pod C's rank 0, its own engine process and event stream.
+		{[]string{"--endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), "--topic", topic(podC.Pod),
+			"--replay", fmt.Sprintf("tcp://*:%d", replayC0), "--warmup", "1", "--linger", "2"},
+			[]map[string]any{
+				batch(0, pyStoredEvent(keys, tokens, 0, 4, "CPU", lora)),
+			}},
 	}
 	var cmds []*exec.Cmd
 	for _, p := range pubs {
@@ -190,7 +215,7 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	require.Eventually(t, func() bool {
 		code, body := serveCall(t, "GET", base+"/v1/pods", nil)
 		var resp struct{ Pods []servePodJSON }
-		if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 3 {
+		if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 4 {
 			return false
 		}
 		for _, p := range resp.Pods {
@@ -211,9 +236,14 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 		require.Zero(t, p.DecodeErrors, p.Pod)
 		require.Zero(t, p.HashMismatches, p.Pod, "the service hashes as the engines do")
 	}
-	require.Equal(t, []string{podA.Pod, podB.Pod, podC.Pod}, []string{pods[0].Pod, pods[1].Pod, pods[2].Pod})
-	require.Equal(t, []uint64{1, 2, 1}, []uint64{pods[0].LastSeq, pods[1].LastSeq, pods[2].LastSeq})
-	require.Equal(t, 1, pods[2].DPRank)
+	var listed []index.Holder
+	var seqs []uint64
+	for _, p := range pods {
+		listed = append(listed, index.Holder{Pod: p.Pod, Rank: p.DPRank})
+		seqs = append(seqs, p.LastSeq)
+	}
+	require.Equal(t, []index.Holder{podA, podB, podC0, podC}, listed)
+	require.Equal(t, []uint64{1, 2, 0, 1}, seqs)
 	require.Equal(t, uint64(1), pods[1].Gaps)
 	require.GreaterOrEqual(t, pods[1].Replays, uint64(1))
 
@@ -224,11 +254,11 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &score))
 	require.Equal(t, model, score.Model)
 	require.Equal(t, n, score.Blocks)
-	holders := []index.Holder{podA, podB, podC}
+	holders := []index.Holder{podA, podB, podC, podC0}
 	slices.SortFunc(holders, func(a, b index.Holder) int {
 		return int(1000*want.score(b, n)) - int(1000*want.score(a, n))
 	})
-	require.Len(t, score.Pods, 3)
+	require.Len(t, score.Pods, 4)
 	for i, hd := range holders {
 		got := score.Pods[i]
 		require.Equal(t, hd, index.Holder{Pod: got.Pod, Rank: got.DPRank}, "rank %d", i)
@@ -255,16 +285,48 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 		require.NoError(t, json.Unmarshal(body, &resp), "%s", body)
 		return resp
 	}
-	expect := func(dest index.Holder, sources []index.Holder, threshold int) (reason string, l, best int, band []index.Holder) {
+	// expect is the issue's rule, computed from the reference holdings
+	// alone. The holders are those of the reference, narrowed to the
+	// request's candidates when it names any: a candidate with dp_rank is
+	// that holder, one without stands for every rank of its pod (ranks are
+	// separate holders). The destination's L is its consecutive prefix in
+	// any tier; every other holder's gain is its consecutive run in the
+	// pullable tier (CPU) from block L on; the decision pulls when the best
+	// gain, in tokens, reaches the threshold (the request's, else the flag's
+	// default of 1), and the source is a holder whose gain is within one
+	// block of the best.
+	expect := func(req map[string]any, dest index.Holder) (reason string, l, best int, band []index.Holder) {
+		threshold := 1
+		if v, ok := req["min_cached_token_delta"]; ok {
+			threshold = v.(int)
+		}
+		var holders []index.Holder
+		for hd := range want {
+			holders = append(holders, hd)
+		}
+		if cands, ok := req["candidates"].([]map[string]any); ok {
+			holders = nil
+			for _, c := range cands {
+				if r, ok := c["dp_rank"]; ok {
+					holders = append(holders, index.Holder{Pod: c["pod"].(string), Rank: r.(int)})
+					continue
+				}
+				for hd := range want {
+					if hd.Pod == c["pod"] {
+						holders = append(holders, hd)
+					}
+				}
+			}
+		}
 		l = want.run(dest, serveBothTiers, 0, n)
 		if l == n {
 			return "local_hit", l, 0, nil
 		}
 		gains := map[index.Holder]int{}
-		for _, s := range sources {
-			if s != dest {
-				gains[s] = want.run(s, []string{"CPU"}, l, n)
-				best = max(best, gains[s])
+		for _, hd := range holders {
+			if hd != dest {
+				gains[hd] = want.run(hd, []string{index.TierCPU}, l, n)
+				best = max(best, gains[hd])
 			}
 		}
 		switch {
@@ -272,42 +334,46 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 			return "no_holder", l, 0, nil
 		case best == 0:
 			return "self", l, 0, nil
-		}
-		for s, g := range gains {
-			if g >= best-1 && g*16 >= threshold {
-				band = append(band, s)
-			}
-		}
-		if len(band) == 0 {
+		case best*16 < threshold:
 			return "below_threshold", l, best, nil
+		}
+		for hd, g := range gains {
+			if g >= best-1 {
+				band = append(band, hd)
+			}
 		}
 		return "pull", l, best, band
 	}
-	all := []index.Holder{podA, podB, podC}
 	newcomer := index.Holder{Pod: "10.0.0.9:8000"}
 	cases := []struct {
-		name      string
-		req       map[string]any
-		dest      index.Holder
-		sources   []index.Holder
-		threshold int
+		name string
+		req  map[string]any
+		dest index.Holder
+		// source, when set, is the only holder the rule allows.
+		source *index.Holder
 	}{
-		{"locality broken: pull from the longest CPU run", map[string]any{"request_id": "req-1", "destination": podA.Pod}, podA, all, 1},
-		{"destination with the longest prefix", map[string]any{"request_id": "req-2", "destination": podB.Pod}, podB, all, 1},
+		{"locality broken: pull from the longest CPU run", map[string]any{"request_id": "req-1", "destination": podA.Pod}, podA, &podB},
+		{"destination with the longest prefix", map[string]any{"request_id": "req-2", "destination": podB.Pod}, podB, nil},
 		{"candidate without rank stands for its ranks", map[string]any{"request_id": "req-3", "destination": newcomer.Pod,
-			"candidates": []map[string]any{{"pod": podC.Pod, "waiting": 3}}}, newcomer, []index.Holder{podC}, 1},
-		{"gain below the request's threshold", map[string]any{"request_id": "req-4", "destination": podA.Pod, "min_cached_token_delta": 1000}, podA, all, 1000},
+			"candidates": []map[string]any{{"pod": podC.Pod, "waiting": 3}}}, newcomer, &podC},
+		{"gain below the request's threshold", map[string]any{"request_id": "req-4", "destination": podA.Pod, "min_cached_token_delta": 1000}, podA, nil},
 		{"rank given explicitly", map[string]any{"request_id": "req-5", "destination": podA.Pod,
-			"candidates": []map[string]any{{"pod": podC.Pod, "dp_rank": 1}, {"pod": podB.Pod, "dp_rank": 0, "waiting": 10}}}, podA, []index.Holder{podB, podC}, 1},
+			"candidates": []map[string]any{{"pod": podC.Pod, "dp_rank": 1}, {"pod": podB.Pod, "dp_rank": 0, "waiting": 10}}}, podA, &podB},
+		{"another rank of the destination's pod is a source", map[string]any{"request_id": "req-6", "destination": podC0.Pod,
+			"candidates": []map[string]any{{"pod": podC.Pod}}}, podC0, &podC},
+		{"destination rank 1 gets nothing from rank 0's shorter run", map[string]any{"request_id": "req-7", "destination": podC.Pod,
+			"destination_dp_rank": 1, "candidates": []map[string]any{{"pod": podC.Pod, "dp_rank": 0}}}, podC, nil},
+		{"rank 0 alone as candidate", map[string]any{"request_id": "req-8", "destination": newcomer.Pod,
+			"candidates": []map[string]any{{"pod": podC.Pod, "dp_rank": 0}}}, newcomer, &podC0},
 	}
 	reasons := map[string]int{}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := pick(tc.req)
-			reason, l, best, band := expect(tc.dest, tc.sources, tc.threshold)
+			reason, l, best, band := expect(tc.req, tc.dest)
 			reasons[reason]++
 			require.Equal(t, reason, string(got.Reason))
-			require.Equal(t, tc.dest.Pod, got.Destination)
+			require.Equal(t, tc.dest, index.Holder{Pod: got.Destination, Rank: got.DestinationDPRank})
 			require.Equal(t, l, got.DestinationCachedBlocks)
 			require.Equal(t, n, got.Blocks)
 			require.Equal(t, 16, got.BlockSize)
@@ -323,6 +389,9 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 			require.NotNil(t, got.Source)
 			src := index.Holder{Pod: *got.Source, Rank: *got.SourceDPRank}
 			require.Contains(t, band, src)
+			if tc.source != nil {
+				require.Equal(t, []index.Holder{*tc.source}, band, "the case's premise")
+			}
 			g := want.run(src, []string{"CPU"}, l, n)
 			require.Equal(t, g, got.SourceBlocks)
 			require.Equal(t, n-l-g, got.RecomputeBlocks)
@@ -345,43 +414,43 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 			require.Equal(t, tc.req["request_id"], rks.KVRequestID)
 		})
 	}
-	require.Equal(t, map[string]int{"pull": 3, "self": 1, "below_threshold": 1}, reasons, "the cases cover these reasons")
+	require.Equal(t, map[string]int{"pull": 5, "self": 2, "below_threshold": 1}, reasons, "the cases cover these reasons")
 
 	// Pulls count against their source until done: req-1 and req-5 went
-	// to pod B, req-3 to pod C.
-	inflight := func() map[string]int {
+	// to pod B, req-3 and req-6 to pod C's rank 1, req-8 to its rank 0.
+	inflight := func() map[index.Holder]int {
 		var resp struct{ Pods []servePodJSON }
 		_, body := serveCall(t, "GET", base+"/v1/pods", nil)
 		require.NoError(t, json.Unmarshal(body, &resp))
-		m := map[string]int{}
+		m := map[index.Holder]int{}
 		for _, p := range resp.Pods {
-			m[p.Pod] = p.InflightPulls
+			m[index.Holder{Pod: p.Pod, Rank: p.DPRank}] = p.InflightPulls
 		}
 		return m
 	}
-	require.Equal(t, map[string]int{podA.Pod: 0, podB.Pod: 2, podC.Pod: 1}, inflight())
+	require.Equal(t, map[index.Holder]int{podA: 0, podB: 2, podC: 2, podC0: 1}, inflight())
 	for _, want := range []bool{true, false} {
 		code, body := serveCall(t, "POST", base+"/v1/done", map[string]any{"request_id": "req-1"})
 		require.Equal(t, http.StatusOK, code)
 		require.JSONEq(t, fmt.Sprintf(`{"released":%v}`, want), string(body))
 	}
-	require.Equal(t, map[string]int{podA.Pod: 0, podB.Pod: 1, podC.Pod: 1}, inflight())
+	require.Equal(t, map[index.Holder]int{podA: 0, podB: 1, podC: 2, podC0: 1}, inflight())
 
 	short := pick(map[string]any{"destination": podA.Pod, "tokens": tokens[:10]})
 	require.Equal(t, "no_holder", string(short.Reason))
 
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
 	for _, line := range []string{
-		`kvsource_pick_decisions_total{reason="pull"} 3`,
-		`kvsource_pick_decisions_total{reason="self"} 1`,
+		`kvsource_pick_decisions_total{reason="pull"} 5`,
+		`kvsource_pick_decisions_total{reason="self"} 2`,
 		`kvsource_pick_decisions_total{reason="below_threshold"} 1`,
 		`kvsource_pick_decisions_total{reason="no_holder"} 1`,
 		`kvsource_events_gaps_total 1`,
 		`kvsource_events_hash_mismatches_total 0`,
 		`kvsource_events_decode_errors_total 0`,
-		`kvsource_holders{state="live"} 3`,
-		`kvsource_index_holders 3`,
-		`kvsource_http_requests_total{code="200",path="/v1/pick"} 6`,
+		`kvsource_holders{state="live"} 4`,
+		`kvsource_index_holders 4`,
+		`kvsource_http_requests_total{code="200",path="/v1/pick"} 9`,
 	} {
 		require.Contains(t, string(metrics), line+"\n")
 	}
