@@ -57,6 +57,24 @@
 //
 // Every case is counted in Stats and in each holder's HolderStatus.
 //
+// # The CPU offload tier
+//
+// vLLM's offloading connector reports its tier with BlockStored events of
+// medium "CPU", keyed by offload keys, one per offloaded chunk of k GPU
+// blocks (k = the connector's block_size / the GPU block size): a chunk's
+// key is the hash of its last GPU block. The index stores each key as one
+// block, so:
+//   - k = 1, vLLM's default, is exact: the tier's keys are the GPU blocks'.
+//   - k > 1 shows only every k-th block of the tier, and the tier's prefix
+//     and pull gains undercount. An offload-tier event whose non-zero block
+//     size differs from the holder's GPU-tier events' (or, before any, from
+//     Config.Hasher's or Config.ContentKeys' block size) is applied as
+//     usual, counted in Stats.ChunkedOffload and HolderStatus.ChunkedOffload,
+//     and logged as a warning once per holder and MismatchLogInterval. Fix
+//     it by configuring the connector's block_size equal to the GPU's.
+//   - Newer connectors send block size 0 (no tokens, no parent): such
+//     events do not say their chunk size and are taken as k = 1.
+//
 // # Trust: engine keys or content keys
 //
 // By default the index is keyed by the engines' own block hashes, and the

@@ -125,7 +125,8 @@ type Config struct {
 	// content-key mode; default 1<<20 entries.
 	ContentMapSize int
 	// MismatchLogInterval is the minimum time between two hash-mismatch log
-	// lines of one holder; default one minute.
+	// lines of one holder, and between two chunked-offload warnings of one
+	// holder; default one minute.
 	MismatchLogInterval time.Duration
 	// RcvHWM is the SUB sockets' receive high-water mark; default 100,000.
 	RcvHWM int
@@ -166,6 +167,11 @@ type Stats struct {
 	HashMismatches uint64 // hash agreement checks that failed
 	Unresolved     uint64 // content mode: blocks whose content key was unknown
 	HolderLimit    uint64 // dropped: their holder would be new and pass Config.MaxHolders
+	// ChunkedOffload counts offload-tier BlockStored events (applied as
+	// usual) whose non-zero block size differs from the GPU tier's: the
+	// offloading connector keys one block per chunk of several GPU blocks,
+	// so lookups in that tier undercount (see the package doc).
+	ChunkedOffload uint64
 }
 
 // HolderStatus is the state of one holder's event stream.
@@ -183,6 +189,9 @@ type HolderStatus struct {
 	DecodeErrors   uint64 `json:"decode_errors"`
 	HashChecks     uint64 `json:"hash_checks"`
 	HashMismatches uint64 `json:"hash_mismatches"`
+	// ChunkedOffload counts the holder's offload-tier BlockStored events
+	// whose block size differs from its GPU tier's (Stats.ChunkedOffload).
+	ChunkedOffload uint64 `json:"chunked_offload"`
 	// State is "live", or "stale" while the holder's entries may include
 	// blocks the engine no longer has (GapKeep after an unrecovered gap, or
 	// a dropped message not yet resolved).
@@ -196,7 +205,7 @@ type counters struct {
 	messages, badMessages, batches, events, blocks, unknown, decodeErrors atomic.Uint64
 	gaps, replays, replayErrors, replayed, unrecovered, restarts, dups    atomic.Uint64
 	queueFull, hashChecks, hashMismatches, unresolved, replayTimeouts     atomic.Uint64
-	holderLimit                                                           atomic.Uint64
+	holderLimit, chunkedOffload                                           atomic.Uint64
 }
 
 // Subscriber receives KV events from engines and applies them to a Sink.
@@ -362,7 +371,7 @@ func (s *Subscriber) Stats() Stats {
 		ReplayErrors: c.replayErrors.Load(), ReplayTimeouts: c.replayTimeouts.Load(), Replayed: c.replayed.Load(), Unrecovered: c.unrecovered.Load(),
 		Restarts: c.restarts.Load(), Duplicates: c.dups.Load(), QueueFull: c.queueFull.Load(),
 		HashChecks: c.hashChecks.Load(), HashMismatches: c.hashMismatches.Load(), Unresolved: c.unresolved.Load(),
-		HolderLimit: c.holderLimit.Load(),
+		HolderLimit: c.holderLimit.Load(), ChunkedOffload: c.chunkedOffload.Load(),
 	}
 }
 

@@ -39,9 +39,14 @@ type holder struct {
 	matched     bool      // a hash agreement check ever passed
 	content     *contentMap
 	statModel   atomic.Pointer[string]
+	// gpuBlockSize is the block size of the holder's latest GPU-tier
+	// BlockStored of each KV cache group (0: none seen), what its
+	// offload-tier events are checked against.
+	gpuBlockSize []int
+	lastChunkLog time.Time
 
 	lastSeq, gaps, replays, unrecovered, restarts atomic.Uint64
-	hashChecks, hashMismatches                    atomic.Uint64
+	hashChecks, hashMismatches, chunkedOffload    atomic.Uint64
 	stale                                         atomic.Bool
 }
 
@@ -49,7 +54,8 @@ func (h *holder) status() HolderStatus {
 	st := HolderStatus{
 		Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), Gaps: h.gaps.Load(),
 		Replays: h.replays.Load(), Unrecovered: h.unrecovered.Load(), Restarts: h.restarts.Load(),
-		HashChecks: h.hashChecks.Load(), HashMismatches: h.hashMismatches.Load(), State: "live",
+		HashChecks: h.hashChecks.Load(), HashMismatches: h.hashMismatches.Load(),
+		ChunkedOffload: h.chunkedOffload.Load(), State: "live",
 	}
 	if m := h.statModel.Load(); m != nil {
 		st.Model = *m
@@ -298,6 +304,7 @@ func (w *worker) restart(h *holder, seq uint64) {
 	h.next, h.liveMax = seq, seq
 	h.keepStale, h.resyncing = false, false
 	h.matched = false
+	h.gpuBlockSize = h.gpuBlockSize[:0]
 	h.setStale()
 }
 
@@ -452,7 +459,11 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 		switch e.Type {
 		case EventBlockStored:
 			blocks += uint64(len(e.BlockHashes))
-			if w.s.cfg.Hasher != nil {
+			// A chunked offload event's block size is not the engine's
+			// hashing block size; the agreement check would blame the
+			// router's settings for it.
+			chunked := w.checkOffloadBlockSize(h, e, seq)
+			if w.s.cfg.Hasher != nil && !chunked {
 				w.checkAgreement(h, e, seq)
 			}
 			if h.content != nil {
@@ -548,7 +559,9 @@ const checkBlocks = 2
 // and compares them with the engine's.
 func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	n := len(e.BlockHashes)
-	if e.HasParent || n == 0 || e.GroupIdx != 0 || len(e.TokenIDs) != n*e.BlockSize {
+	// Block size 0 is a token-less offload event (vLLM's newer connector):
+	// nothing to rehash, though its lengths agree.
+	if e.HasParent || n == 0 || e.GroupIdx != 0 || e.BlockSize <= 0 || len(e.TokenIDs) != n*e.BlockSize {
 		return
 	}
 	w.s.c.hashChecks.Add(1)
@@ -606,4 +619,67 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
 		"router_algo", string(cfg.Algo), "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
 		"mismatches", h.hashMismatches.Load())
+}
+
+// maxTrackedGroups bounds the KV cache groups whose GPU block size a holder
+// remembers: group_idx is the peer's to choose.
+const maxTrackedGroups = 16
+
+// checkOffloadBlockSize learns the GPU tier's block size from GPU-tier
+// BlockStored events and reports whether e, an offload-tier BlockStored,
+// shows chunked offloading: a non-zero block size other than the GPU
+// tier's (or, before any GPU-tier event, the router's hashing block size).
+// vLLM's offloading connector then keys each chunk of several GPU blocks by
+// its last block's hash, so the index sees every k-th block of the tier.
+// Events with block size 0 cannot be told apart and pass as exact.
+func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
+	g := e.GroupIdx
+	if e.BlockSize <= 0 || g < 0 || g >= maxTrackedGroups {
+		return false
+	}
+	if e.Medium == mediumGPU {
+		if g >= len(h.gpuBlockSize) {
+			h.gpuBlockSize = append(h.gpuBlockSize, make([]int, g+1-len(h.gpuBlockSize))...)
+		}
+		h.gpuBlockSize[g] = e.BlockSize
+		return false
+	}
+	want, from := 0, "gpu_events"
+	if g < len(h.gpuBlockSize) {
+		want = h.gpuBlockSize[g]
+	}
+	if want == 0 {
+		want, from = w.routerBlockSize(), "router_hasher"
+	}
+	if want == 0 || e.BlockSize == want {
+		return false
+	}
+	w.s.c.chunkedOffload.Add(1)
+	n := h.chunkedOffload.Add(1)
+	now := time.Now()
+	if now.Sub(h.lastChunkLog) < w.s.cfg.MismatchLogInterval {
+		return true
+	}
+	h.lastChunkLog = now
+	args := []any{"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "tier", e.Medium,
+		"block_size", e.BlockSize, "expected_block_size", want, "expected_from", from, "chunked_offload", n}
+	if e.BlockSize%want == 0 {
+		args = append(args, "blocks_per_chunk", e.BlockSize/want)
+	}
+	w.s.log.Warn("events: offload tier stores chunks of several GPU blocks, keyed by each chunk's last block; "+
+		"CPU-tier lookups will undercount: configure the offloading connector's block_size equal to the GPU block size",
+		args...)
+	return true
+}
+
+// routerBlockSize is the block size the router hashes with, 0 when the
+// subscriber has no hasher.
+func (w *worker) routerBlockSize() int {
+	switch {
+	case w.s.cfg.Hasher != nil:
+		return w.s.cfg.Hasher.Config().BlockSize
+	case w.s.cfg.ContentKeys != nil:
+		return w.s.cfg.ContentKeys.Config().BlockSize
+	}
+	return 0
 }
