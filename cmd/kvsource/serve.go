@@ -42,7 +42,7 @@ import (
 // that last_seq, so it stays, stale, across restarts (see saveSnapshot).
 
 func init() {
-	commands["serve"] = command{summary: "run events, index and picker as an HTTP JSON serveService", run: runServe}
+	commands["serve"] = command{summary: "run events, index and picker as an HTTP JSON service", run: runServe}
 }
 
 // servePodEndpoint is one --events-connect value.

@@ -597,6 +597,7 @@ type servePodJSON struct {
 	Replays        uint64         `json:"replays"`
 	DecodeErrors   uint64         `json:"decode_errors"`
 	HashMismatches uint64         `json:"hash_mismatches"`
+	ChunkedOffload uint64         `json:"chunked_offload"`
 	State          string         `json:"state"`
 	InflightPulls  int            `json:"inflight_pulls"`
 }
@@ -614,7 +615,7 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 	for _, st := range status {
 		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: s.holderBlocks(st.Model, st.Holder()),
 			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
-			HashMismatches: st.HashMismatches, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
+			HashMismatches: st.HashMismatches, ChunkedOffload: st.ChunkedOffload, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
 	}
 	for _, hm := range serveUnseen(list, status) {
 		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
