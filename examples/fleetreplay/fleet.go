@@ -143,6 +143,13 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 		}
 	}
 	f.res.finish(f.spec.reqs)
+	// The requests outlive the fleet (in the results, and in the replay's
+	// list of arms): a link from them to a pod would keep every arm's
+	// caches, index and transfer memory live until the replay ends
+	// (gigabytes over the default load spill).
+	for _, r := range f.spec.reqs {
+		r.decode = nil
+	}
 	f.res.Utilisation = f.utilisation()
 	f.res.Transfer = f.sdk.transferStats()
 	f.res.Events = f.sdk.ev.stats()
@@ -185,6 +192,7 @@ func (f *fleet) arrive(ctx context.Context, r *request) {
 	f.placed[r.id] = dest.idx
 	if f.spec.decode > 0 {
 		r.decode = f.nextDecode()
+		r.decodeName = r.decode.name
 	}
 	var o *pullOrder
 	if f.spec.p2p {

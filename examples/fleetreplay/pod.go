@@ -63,7 +63,7 @@ func (p *pod) localPrefix(keys []uint64) int {
 // admit starts r on p, with the pull the router ordered (nil: none).
 func (p *pod) admit(r *request, o *pullOrder) {
 	p.load++
-	r.dest = p
+	r.destName = p.name
 	p.advance(r, o)
 }
 

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"weak"
 
 	"github.com/stretchr/testify/require"
 
@@ -141,6 +143,30 @@ func TestReplayIsDeterministic(t *testing.T) {
 		require.Equal(t, a[0].Arms[i].ttft, b[0].Arms[i].ttft)
 		require.Equal(t, a[0].Arms[i].Decisions, b[0].Arms[i].Decisions)
 	}
+}
+
+func TestFinishedArmReleasesItsFleet(t *testing.T) {
+	// The replay keeps every arm's result and requests to the end; if they
+	// reached the fleet, each arm's caches, index and transfer memory would
+	// stay live with them (gigabytes over the default load spill).
+	o := shortOptions(t)
+	o.forkBranches = 8
+	spec := o.forkScenario().spec(0, true)
+	f, err := newFleet(context.Background(), spec, sdkOptions{transport: "fake"})
+	require.NoError(t, err)
+	res, _, err := f.run(context.Background())
+	require.NoError(t, err)
+	require.NotEmpty(t, spec.reqs[0].decodeName, "the P/D split names a decode pod")
+	wf := weak.Make(f)
+	f = nil
+	// Objects with finalizers (the ZMQ sockets) and what they reach are
+	// freed a cycle later than the rest.
+	for range 5 {
+		runtime.GC()
+	}
+	require.Nil(t, wf.Value(), "the fleet is still reachable from its results")
+	runtime.KeepAlive(res)
+	runtime.KeepAlive(spec)
 }
 
 func TestTransportsAgree(t *testing.T) {

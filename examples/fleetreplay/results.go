@@ -162,12 +162,8 @@ func writeTrace(path string, ss []*scenarioResult) error {
 	for _, s := range ss {
 		for _, a := range s.Arms {
 			for _, r := range a.reqs {
-				dec := ""
-				if r.decode != nil {
-					dec = r.decode.name
-				}
 				fmt.Fprintf(&b, "%s,%s,%g,%s,%.4f,%s,%s,%s,%s,%d,%d,%d,%t,%.4f\n", s.Name, a.Arm, a.Rate, r.name, r.arrival,
-					r.dest.name, dec, r.reason, r.source, r.localBlocks, r.pulledBlocks, r.computedBlocks, r.waited, r.ttft)
+					r.destName, r.decodeName, r.reason, r.source, r.localBlocks, r.pulledBlocks, r.computedBlocks, r.waited, r.ttft)
 			}
 		}
 	}

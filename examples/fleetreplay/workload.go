@@ -38,7 +38,9 @@ type request struct {
 	keys []uint64     // the router's block keys (hashing, router side)
 	eng  engineBlocks // the engine's (hashing, engine side)
 
-	dest, decode   *pod
+	decode         *pod   // the decode pod in a P/D split, while the run lasts
+	destName       string // the pod that computed the prefill
+	decodeName     string // the decode pod's name, "" when aggregated
 	reason         string // the picker's reason ("" when P2P is off)
 	source         string // the pull's source pod, "" when none
 	localBlocks    int    // blocks the destination already held
