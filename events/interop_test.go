@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,14 +219,19 @@ func TestInteropHashMismatchIsReportedOnlyForAnotherSeed(t *testing.T) {
 				Logger: newTextLogger(&logs)})
 			runPyPublisher(t, []string{"--topic", "kv@pod@m", "--endpoint", localEP(port)}, batches...)
 			h := index.Holder{Pod: "pod"}
-			require.Eventually(t, func() bool { return statusOf(s, h).HashChecks == 3 }, waitLong, 10*time.Millisecond)
+			// Wait for the last batch to be applied whole: its check, its
+			// mismatch count and its log line come in that order.
+			require.Eventually(t, func() bool { seq, ok := s.LastSeq(h); return ok && seq == uint64(len(batches)-1) },
+				waitLong, 10*time.Millisecond)
 			st := statusOf(s, h)
+			require.Equal(t, uint64(3), st.HashChecks)
 			require.Equal(t, tc.mismatches, st.HashMismatches)
 			require.Equal(t, tc.mismatches, s.Stats().HashMismatches)
 			if tc.mismatches == 0 {
 				require.NotContains(t, logs.String(), "disagree")
 				return
 			}
+			require.Eventually(t, func() bool { return strings.Contains(logs.String(), "disagree") }, waitLong, 5*time.Millisecond)
 			require.Equal(t, 1, bytes.Count([]byte(logs.String()), []byte("disagree")), "one log line per holder and interval")
 			require.Contains(t, logs.String(), "PYTHONHASHSEED")
 			require.Contains(t, logs.String(), "pod=pod")
