@@ -171,28 +171,35 @@ func TestFinishedArmReleasesItsFleet(t *testing.T) {
 
 func TestTransportsAgree(t *testing.T) {
 	// The pull's virtual time comes from the cost model, so vLLM's P2P
-	// protocol over ZMQ and the in-memory fake must replay identically.
+	// protocol over ZMQ and the in-memory fake must replay identically: the
+	// fork burst's single pull of a long prefix, and the load spill's many
+	// pulls from sources that evict as they go.
 	var res [2][]*scenarioResult
 	for i, tr := range []string{"p2p", "fake"} {
 		o := shortOptions(t)
-		o.scenarios = []string{"fork"}
+		o.scenarios = []string{"fork", "spill"}
 		o.forkBranches = 16
+		o.rates = []float64{16}
+		o.duration = 2
 		o.transport = tr
 		var err error
 		res[i], err = replay(context.Background(), o, &bytes.Buffer{})
 		require.NoError(t, err)
 	}
-	for i := range res[0][0].Arms {
-		a, b := res[0][0].Arms[i], res[1][0].Arms[i]
-		require.Equal(t, a.ttft, b.ttft)
-		require.Equal(t, a.PullsVerified, b.PullsVerified)
-		require.Equal(t, a.BytesMoved, b.BytesMoved)
+	for s := range res[0] {
+		for i := range res[0][s].Arms {
+			a, b := res[0][s].Arms[i], res[1][s].Arms[i]
+			require.Equal(t, a.ttft, b.ttft, "%s %s", a.Scenario, a.Arm)
+			require.Equal(t, a.PullsIssued, b.PullsIssued)
+			require.Equal(t, a.PullsVerified, b.PullsVerified)
+			require.Equal(t, a.BytesMoved, b.BytesMoved)
+		}
+		p2pArm := res[0][s].Arms[1]
+		require.Positive(t, p2pArm.PullsIssued, p2pArm.Scenario)
+		require.Equal(t, p2pArm.PullsIssued, p2pArm.PullsVerified, "%s: every pull over ZMQ verified", p2pArm.Scenario)
+		require.Contains(t, p2pArm.Transfer, "transfer/p2p")
+		require.Contains(t, res[1][s].Arms[1].Transfer, "transfer/fake")
 	}
-	p2pArm := res[0][0].Arms[1]
-	require.Positive(t, p2pArm.PullsIssued)
-	require.Equal(t, p2pArm.PullsIssued, p2pArm.PullsVerified, "every pull over ZMQ verified")
-	require.Contains(t, p2pArm.Transfer, "transfer/p2p")
-	require.Contains(t, res[1][0].Arms[1].Transfer, "transfer/fake")
 }
 
 func TestRunWritesTablesPlotsAndJSON(t *testing.T) {
