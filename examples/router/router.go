@@ -143,6 +143,8 @@ type completion struct {
 	Prompt    json.RawMessage `json:"prompt"`
 	CacheSalt string          `json:"cache_salt"`
 	RequestID string          `json:"request_id"`
+	// KVTransferParams is read only to find a source the client named.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 // tokens parses a prompt given as token ids.
@@ -203,11 +205,21 @@ func (rt *Router) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	defer d.Done()
 
+	// Only the picker names a source: a client's own source header or
+	// remote_kv_source would have the pod pull from wherever it says.
 	out := r.Header.Clone()
+	out.Del(picker.HeaderKVCacheSource)
+	var params *picker.KVTransferParams
 	if d.Reason == picker.ReasonPull {
 		name, value := d.Header()
 		out.Set(name, value)
-		if body, err = withTransferParams(body, rt.transferParams(&d, id)); err != nil {
+		p := rt.transferParams(&d, id)
+		params = &p
+	} else if namesSource(c.KVTransferParams) {
+		params = &picker.KVTransferParams{}
+	}
+	if params != nil {
+		if body, err = withTransferParams(body, *params); err != nil {
 			httpError(w, http.StatusBadRequest, err.Error())
 			return
 		}
@@ -280,8 +292,20 @@ func (rt *Router) transferParams(d *picker.Decision, id string) picker.KVTransfe
 	return p
 }
 
-// withTransferParams sets body's kv_transfer_params.remote_kv_source, keeping
-// every other field (and any other kv_transfer_params entry) as it was.
+// namesSource reports whether a request's kv_transfer_params carry a
+// remote_kv_source.
+func namesSource(raw json.RawMessage) bool {
+	var params map[string]json.RawMessage
+	if json.Unmarshal(raw, &params) != nil {
+		return false
+	}
+	_, ok := params["remote_kv_source"]
+	return ok
+}
+
+// withTransferParams sets body's kv_transfer_params.remote_kv_source to p's
+// (removes it when p names none), keeping every other field and any other
+// kv_transfer_params entry as it was.
 func withTransferParams(body []byte, p picker.KVTransferParams) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
@@ -293,11 +317,16 @@ func withTransferParams(body []byte, p picker.KVTransferParams) ([]byte, error) 
 			return nil, fmt.Errorf("kv_transfer_params is not an object: %w", err)
 		}
 	}
-	src, err := json.Marshal(p.RemoteKVSource)
-	if err != nil {
-		return nil, err
+	if p.RemoteKVSource == nil {
+		delete(params, "remote_kv_source")
+	} else {
+		src, err := json.Marshal(p.RemoteKVSource)
+		if err != nil {
+			return nil, err
+		}
+		params["remote_kv_source"] = src
 	}
-	params["remote_kv_source"] = src
+	var err error
 	if m["kv_transfer_params"], err = json.Marshal(params); err != nil {
 		return nil, err
 	}

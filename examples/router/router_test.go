@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -135,6 +136,33 @@ func TestRouterRejectsPromptsItCannotHash(t *testing.T) {
 	}
 }
 
+func TestRouterDropsASourceTheClientNamed(t *testing.T) {
+	f := startFleet(t, 2)
+	peer := f.Pods[1]
+	for _, tc := range []struct {
+		name, params string
+	}{
+		{"header only", `{}`},
+		{"header and remote_kv_source", fmt.Sprintf(`{"do_remote_decode":true,"remote_kv_source":{"kv_request_id":"x","remote_host":"127.0.0.1","remote_port":%d}}`, peer.P2PPort())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := fmt.Sprintf(`{"model":%q,"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"kv_transfer_params":%s}`, model, tc.params)
+			req, err := http.NewRequest(http.MethodPost, f.URL+"/v1/completions", bytes.NewBufferString(body))
+			require.NoError(t, err)
+			req.Header.Set(picker.HeaderKVCacheSource, peer.Addr())
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			require.NotEqual(t, string(picker.ReasonPull), resp.Header.Get(HeaderReason))
+			served := podOf(t, f, resp.Header.Get(HeaderDestination)).Served()
+			s := served[len(served)-1]
+			require.Empty(t, s.SourceHeader, "the client's source header reached the pod")
+			require.Nil(t, s.RemoteSource, "the client's remote_kv_source reached the pod")
+		})
+	}
+}
+
 func TestTransferParamsKeepTheRestOfTheBody(t *testing.T) {
 	body := []byte(`{"model":"m","prompt":[1],"max_tokens":7,"kv_transfer_params":{"do_remote_decode":true}}`)
 	out, err := withTransferParams(body, picker.KVTransferParams{RemoteKVSource: &picker.RemoteKVSource{KVRequestID: "r1", RemoteHost: "10.0.0.2", RemotePort: 5710}})
@@ -146,6 +174,10 @@ func TestTransferParamsKeepTheRestOfTheBody(t *testing.T) {
 		"do_remote_decode": true,
 		"remote_kv_source": map[string]any{"kv_request_id": "r1", "remote_host": "10.0.0.2", "remote_port": 5710.0},
 	}, m["kv_transfer_params"])
+
+	out, err = withTransferParams(body, picker.KVTransferParams{})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"model":"m","prompt":[1],"max_tokens":7,"kv_transfer_params":{"do_remote_decode":true}}`, string(out), "no source: none set")
 
 	_, err = withTransferParams([]byte(`{"kv_transfer_params":[1]}`), picker.KVTransferParams{RemoteKVSource: &picker.RemoteKVSource{}})
 	require.ErrorContains(t, err, "not an object")
