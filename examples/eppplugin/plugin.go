@@ -270,10 +270,14 @@ func (p *KVSource) computing(res *SchedulingResult) Endpoint {
 }
 
 // PreRequest decides the pull for the endpoint that computes the prefill
-// and applies it to the request. Any inbound source header is dropped: only
-// the picker names a source.
+// and applies it to the request. Any inbound source header or
+// kv_transfer_params.remote_kv_source is dropped: only the picker names a
+// source.
 func (p *KVSource) PreRequest(_ context.Context, req *InferenceRequest, res *SchedulingResult) {
 	delete(req.Headers, picker.HeaderKVCacheSource)
+	if params, ok := req.Body["kv_transfer_params"].(map[string]any); ok {
+		delete(params, "remote_kv_source")
+	}
 	v, ok := p.reqs.Load(req.RequestID)
 	if !ok {
 		return

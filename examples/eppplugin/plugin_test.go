@@ -119,10 +119,14 @@ func TestPreRequestLeavesLocalHitsAlone(t *testing.T) {
 	w.hold(t, 0, index.TierCPU, system)
 	req := w.request("r3", append(slices.Clone(system), tokens(6, 100)...))
 	req.Headers[picker.HeaderKVCacheSource] = "203.0.113.9:8000"
+	req.Body["kv_transfer_params"] = map[string]any{
+		"do_remote_decode": true,
+		"remote_kv_source": map[string]any{"kv_request_id": "r3", "remote_host": "203.0.113.9", "remote_port": 5710},
+	}
 	require.NoError(t, w.p.PrepareRequestData(context.Background(), req, w.eps))
 	w.p.PreRequest(context.Background(), req, result(w.eps[0], nil))
 	require.NotContains(t, req.Headers, picker.HeaderKVCacheSource, "a forged source header is dropped")
-	require.NotContains(t, req.Body, "kv_transfer_params")
+	require.Equal(t, map[string]any{"do_remote_decode": true}, req.Body["kv_transfer_params"], "a forged remote_kv_source is dropped, the rest kept")
 }
 
 func TestPreRequestDecidesForThePrefillTargetInPD(t *testing.T) {
