@@ -329,6 +329,30 @@ func TestPodEvictsPromptTailsFirstAndQueuesTheEvents(t *testing.T) {
 	}, got)
 }
 
+func TestProgressBarAppearsOnlyOnLongRunsAndIsCleared(t *testing.T) {
+	var buf bytes.Buffer
+	quick := newProgress(&buf, 10, true)
+	quick.add(10)
+	quick.finish()
+	require.Empty(t, buf.String(), "a replay shorter than the delay draws nothing")
+
+	long := newProgress(&buf, 10, true)
+	long.start = long.start.Add(-2 * delay)
+	long.last = long.start
+	long.add(5)
+	require.Contains(t, buf.String(), "50%  5/10 requests")
+	long.finish()
+	require.True(t, strings.HasSuffix(buf.String(), "\r"+strings.Repeat(" ", 80)+"\r"), "the bar is cleared")
+
+	buf.Reset()
+	off := newProgress(&buf, 10, false)
+	off.start = off.start.Add(-2 * delay)
+	off.last = off.start
+	off.add(5)
+	off.finish()
+	require.Empty(t, buf.String(), "--progress never draws nothing")
+}
+
 func TestQuantileInterpolates(t *testing.T) {
 	s := []float64{1, 2, 3, 4, 5}
 	require.Equal(t, 3.0, quantile(s, 0.5))
