@@ -91,15 +91,6 @@ func (s *shared) add(work float64, done func()) *job {
 	return j
 }
 
-// left returns j's solo work left now.
-func (s *shared) left(j *job) float64 {
-	s.advance()
-	return max(j.rem, 0)
-}
-
-// active returns the number of jobs in progress.
-func (s *shared) active() int { return len(s.jobs) }
-
 func (s *shared) advance() {
 	dt := s.c.now - s.last
 	s.last = s.c.now
