@@ -275,7 +275,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		parked <- err
 	}()
 	for f.Router.backends[0].inflight.Load() == 0 {
-		time.Sleep(time.Millisecond)
+		select {
+		case err := <-parked:
+			return fmt.Errorf("the request keeping the holder busy ended before it reached the holder: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
 	}
 	second := join(system, randomTokens(rng, 300))
 	if err := step("2 holder busy", second); err != nil {
