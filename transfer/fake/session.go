@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/kvsource/kvsource/internal/ctxlock"
 	"github.com/kvsource/kvsource/transfer"
 )
 
@@ -255,19 +256,8 @@ func (s *session) Abort(ctx context.Context) error {
 		cancel(transfer.ErrAborted)
 	}
 	// Wait for an in-flight Fetch to finish its abort; its outcome is ours.
-	locked := make(chan struct{})
-	go func() {
-		s.mu.Lock()
-		close(locked)
-	}()
-	select {
-	case <-locked:
-	case <-ctx.Done():
-		go func() {
-			<-locked
-			s.mu.Unlock()
-		}()
-		return fmt.Errorf("abort at %s: %w", s.p.name, ctx.Err())
+	if err := ctxlock.Lock(ctx, &s.mu); err != nil {
+		return fmt.Errorf("abort at %s: %w", s.p.name, err)
 	}
 	defer s.mu.Unlock()
 	if cancel != nil {

@@ -12,6 +12,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvsource/kvsource/internal/ctxlock"
 	"github.com/kvsource/kvsource/transfer"
 )
 
@@ -591,19 +592,8 @@ func (s *session) Abort(ctx context.Context) error {
 		}
 		return fmt.Errorf("abort at %s: %w", s.addr, err)
 	}
-	locked := make(chan struct{})
-	go func() {
-		s.callMu.Lock()
-		close(locked)
-	}()
-	select {
-	case <-locked:
-	case <-ctx.Done():
-		go func() {
-			<-locked
-			s.callMu.Unlock()
-		}()
-		return fmt.Errorf("abort at %s: %w", s.addr, ctx.Err())
+	if err := ctxlock.Lock(ctx, &s.callMu); err != nil {
+		return fmt.Errorf("abort at %s: %w", s.addr, err)
 	}
 	defer s.callMu.Unlock()
 	if err := s.alive(); err != nil {
