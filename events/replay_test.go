@@ -20,6 +20,29 @@ type replySender func(seq uint64, b Batch) bool
 // from 0 with its end marker alone and lets answer reply to any other.
 func startScriptedReplay(t *testing.T, endpoint string, answer func(from uint64, send replySender)) {
 	t.Helper()
+	serveReplay(t, endpoint, func(from uint64, send replySender) {
+		if from > 0 {
+			answer(from, send)
+		}
+		send(^uint64(0), Batch{TS: 1, HasDPRank: true})
+	})
+}
+
+// startStingyReplay runs a replay socket that answers every request with
+// the given batches from seq 0 on, and then never with its end marker.
+func startStingyReplay(t *testing.T, endpoint string, batches ...Batch) {
+	t.Helper()
+	serveReplay(t, endpoint, func(_ uint64, send replySender) {
+		for i := range batches {
+			send(uint64(i), batches[i])
+		}
+	})
+}
+
+// serveReplay runs a replay socket until the test ends, letting handle
+// answer each request for the batches from seq from on.
+func serveReplay(t *testing.T, endpoint string, handle func(from uint64, send replySender)) {
+	t.Helper()
 	router, err := zmq.NewSocket(zmq.ROUTER)
 	require.NoError(t, err)
 	require.NoError(t, router.SetLinger(0))
@@ -57,11 +80,7 @@ func startScriptedReplay(t *testing.T, endpoint string, answer func(from uint64,
 				_, err := router.SendMessage(req[0], "", seqb[:], AppendBatch(nil, &b, LayoutMap, 0))
 				return err == nil
 			}
-			if from > 0 {
-				answer(from, send)
-			}
-			end := Batch{TS: 1, HasDPRank: true}
-			send(^uint64(0), end)
+			handle(from, send)
 		}
 	}()
 	t.Cleanup(func() {

@@ -3,7 +3,6 @@ package events
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -562,48 +560,6 @@ func TestRestartedEngineFetchesTheFirstBatchesItsSubscriberMissed(t *testing.T) 
 	require.Equal(t, uint64(1), st.Restarts)
 	require.Zero(t, st.Unrecovered)
 	require.Equal(t, "live", st.State)
-}
-
-// startStingyReplay runs a replay socket that answers every request with
-// the given batches from seq 0 on, and then never with its end marker.
-func startStingyReplay(t *testing.T, endpoint string, batches ...Batch) {
-	t.Helper()
-	router, err := zmq.NewSocket(zmq.ROUTER)
-	require.NoError(t, err)
-	require.NoError(t, router.SetLinger(0))
-	require.NoError(t, router.Bind(endpoint))
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		defer router.Close()
-		poller := zmq.NewPoller()
-		poller.Add(router, zmq.POLLIN)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			polled, err := poller.Poll(20 * time.Millisecond)
-			if err != nil || len(polled) == 0 {
-				continue
-			}
-			req, err := router.RecvMessageBytes(0)
-			if err != nil || len(req) != 3 {
-				continue
-			}
-			for i := range batches {
-				var seq [8]byte
-				binary.BigEndian.PutUint64(seq[:], uint64(i))
-				_, _ = router.SendMessage(req[0], "", seq[:], AppendBatch(nil, &batches[i], LayoutMap, 0))
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		close(done)
-		<-stopped
-	})
 }
 
 func TestReplayEndingPartWayThroughAJoinAppliesTheGapPolicy(t *testing.T) {
