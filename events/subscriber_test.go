@@ -653,20 +653,27 @@ func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing
 	sink.mu.Unlock()
 	// One batch blocks the worker in the sink, four wait in its queue, the
 	// rest are dropped: the queued ones, older, apply after the drops.
+	const batches = 40
+	received := s.Stats().Messages
 	var last uint64
-	for i := range uint64(40) {
+	for i := range uint64(batches) {
 		var err error
 		last, err = p.Publish(&Batch{TS: 1, HasDPRank: true, Events: []Event{{Type: EventBlockStored, BlockHashes: []uint64{100 + i}, Medium: "GPU"}}})
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
+	// Released before every batch has reached the receive loop, the worker
+	// would drain its queue and take the late batches, the last among them.
+	require.Eventually(t, func() bool { return s.Stats().Messages >= received+batches }, waitLong, 5*time.Millisecond)
+	require.NotZero(t, s.Stats().QueueFull)
 	close(sink.block)
+	// The worker marks the holder stale when it gets to the drops, which may
+	// be after the queued batches.
 	require.Eventually(t, func() bool {
-		seq, _ := s.LastSeq(h)
-		return s.Stats().Messages == s.Stats().QueueFull+s.Stats().Batches && seq < last
-	}, waitLong, 5*time.Millisecond)
-	time.Sleep(50 * time.Millisecond)
-	require.Equal(t, "stale", statusOf(s, h).State, "its last batches were dropped and nothing replays them")
+		st := s.Stats()
+		return st.Messages == st.QueueFull+st.Batches && statusOf(s, h).State == "stale"
+	}, waitLong, 5*time.Millisecond, "its last batches were dropped and nothing replays them")
+	seq, _ := s.LastSeq(h)
+	require.Less(t, seq, last)
 
 	// The next batch shows the gap; the gap policy clears and the holder is
 	// live again.
