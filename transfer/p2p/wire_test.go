@@ -450,6 +450,10 @@ func TestProducerIgnoresUnknownTypesAndMessagesBeforeConnect(t *testing.T) {
 	stranger := newRawPeer(t, "127.0.0.1")
 	stranger.dial(p.ID())
 	stranger.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+	// The stranger's connection is not the peer's: nothing orders its message
+	// before the peer's lookup response.
+	require.Eventually(t, func() bool { return p.Stats().Ignored == 1 }, 5*time.Second, 5*time.Millisecond,
+		"a lookup before connect is ignored")
 	peer, _ := handshakeRaw(t, p, nil)
 	peer.sendRaw(unhex(t, "81 a4 74797065 a4 70696e67")) // {"type": "ping"}
 	peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
