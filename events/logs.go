@@ -13,8 +13,11 @@ import (
 type logLimiter struct {
 	log      *slog.Logger
 	interval time.Duration
-	mu       sync.Mutex
-	last     map[logKey]*logState
+	// now is the clock, time.Now when nil; tests step their own so that
+	// no interval passes while they log.
+	now  func() time.Time
+	mu   sync.Mutex
+	last map[logKey]*logState
 }
 
 type logKey struct{ msg, pod string }
@@ -35,7 +38,12 @@ func (l *logLimiter) logAny(level slog.Level, msg, pod string, args ...any) {
 }
 
 func (l *logLimiter) log1(key logKey, level slog.Level, msg, pod string, args []any) {
-	now := time.Now()
+	var now time.Time
+	if l.now != nil {
+		now = l.now()
+	} else {
+		now = time.Now()
+	}
 	l.mu.Lock()
 	if l.last == nil {
 		l.last = map[logKey]*logState{}

@@ -12,14 +12,15 @@ import (
 
 func TestLogLimiterLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 	var buf syncBuffer
-	l := &logLimiter{log: newTextLogger(&buf), interval: 50 * time.Millisecond}
+	clock := time.Unix(1e9, 0)
+	l := &logLimiter{log: newTextLogger(&buf), interval: 50 * time.Millisecond, now: func() time.Time { return clock }}
 	for seq := range 100 {
 		l.logf(slog.LevelError, "bad payload", "pod-a", "seq", seq)
 	}
 	l.logf(slog.LevelError, "bad payload", "pod-b", "seq", 7)
 	require.Equal(t, 2, strings.Count(buf.String(), "bad payload"), "one line per pod")
 	require.Contains(t, buf.String(), "pod=pod-a seq=0")
-	time.Sleep(60 * time.Millisecond)
+	clock = clock.Add(60 * time.Millisecond)
 	l.logf(slog.LevelError, "bad payload", "pod-a", "seq", 100)
 	require.Contains(t, buf.String(), "pod=pod-a seq=100 suppressed=99")
 }
