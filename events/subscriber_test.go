@@ -216,8 +216,10 @@ func TestConnectModeAddsAndRemovesPodsAtRunTime(t *testing.T) {
 		publish(t, b, stored(0, nil, 20))
 		return len(sink.keys("m1", ha, "GPU")) > 1
 	}, waitLong, 50*time.Millisecond)
+	// The receive loop closes pod-b's socket when it takes the change, before
+	// it drains again: from then on nothing pod-b sends can land.
+	require.Eventually(t, func() bool { return !s.dirty.Load() }, waitLong, 5*time.Millisecond)
 	before := s.Stats().Messages
-	time.Sleep(200 * time.Millisecond) // let any message sent before removal land
 	publish(t, b, stored(0, nil, 21))
 	publish(t, a, stored(0, nil, 11))
 	requireKeys(t, sink, "m1", ha, "GPU", 1, 10, 11)
