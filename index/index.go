@@ -55,6 +55,7 @@ type Index struct {
 
 	models *xsync.Map[string, *modelState]
 	caps   *xsync.Map[Holder, int64]
+	capMu  sync.Mutex // serialises SetHolderCapacity
 	total  atomic.Int64
 
 	stored, removed, cleared       atomic.Uint64
@@ -144,11 +145,10 @@ func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 			ms.mu.Lock()
 			hs, ok = ms.holders.Load(h)
 			if !ok {
+				// SetHolderCapacity updates holders under ms.mu too: it
+				// either finds hs or stored the capacity read here.
 				hs = newHolderState(h, ix.capacityOf(h))
 				ms.holders.Store(h, hs)
-				// A SetHolderCapacity whose scan missed hs stored its
-				// capacity before this second read.
-				hs.capacity.Store(ix.capacityOf(h))
 				list := *ms.list.Load()
 				next := make([]*holderState, len(list), len(list)+1)
 				copy(next, list)
@@ -404,11 +404,17 @@ func (ix *Index) RemoveHolder(h Holder) {
 // SetHolderCapacity sets h's capacity in blocks per model, overriding
 // Config.HolderCapacity (0 removes the limit). It applies at h's next store.
 func (ix *Index) SetHolderCapacity(h Holder, blocks int) {
+	// Serialised, so that concurrent calls leave every model's holder with
+	// the capacity the last one stored.
+	ix.capMu.Lock()
+	defer ix.capMu.Unlock()
 	ix.caps.Store(h, int64(blocks))
 	ix.models.Range(func(_ string, ms *modelState) bool {
+		ms.mu.Lock()
 		if hs, ok := ms.holders.Load(h); ok {
 			hs.capacity.Store(int64(blocks))
 		}
+		ms.mu.Unlock()
 		return true
 	})
 }
