@@ -37,7 +37,6 @@ type MemStore struct {
 	mu       sync.Mutex
 	mem      []byte
 	slots    map[string]int // key -> slot
-	keys     []string       // slot -> key, "" when free
 	pins     []int          // slot -> pin count
 	free     []int
 }
@@ -48,7 +47,7 @@ func NewMemStore(mem []byte, blockLen int) (*MemStore, error) {
 		return nil, fmt.Errorf("%w: region of %d bytes cannot hold blocks of %d", transfer.ErrInvalid, len(mem), blockLen)
 	}
 	n := len(mem) / blockLen
-	s := &MemStore{blockLen: blockLen, mem: mem, slots: make(map[string]int), keys: make([]string, n), pins: make([]int, n)}
+	s := &MemStore{blockLen: blockLen, mem: mem, slots: make(map[string]int), pins: make([]int, n)}
 	for i := n - 1; i >= 0; i-- {
 		s.free = append(s.free, i)
 	}
@@ -74,12 +73,11 @@ func (s *MemStore) Put(key transfer.Key, data []byte) error {
 	case ok && s.pins[slot] > 0:
 		return fmt.Errorf("%w: %v", ErrPinned, key)
 	case !ok && len(s.free) == 0:
-		return fmt.Errorf("%w: %d blocks", ErrStoreFull, len(s.keys))
+		return fmt.Errorf("%w: %d blocks", ErrStoreFull, len(s.pins))
 	case !ok:
 		slot = s.free[len(s.free)-1]
 		s.free = s.free[:len(s.free)-1]
 		s.slots[string(key)] = slot
-		s.keys[slot] = string(key)
 	}
 	copy(s.mem[slot*s.blockLen:], data)
 	return nil
@@ -97,7 +95,6 @@ func (s *MemStore) Evict(key transfer.Key) error {
 		return fmt.Errorf("%w: %v", ErrPinned, key)
 	}
 	delete(s.slots, string(key))
-	s.keys[slot] = ""
 	s.free = append(s.free, slot)
 	return nil
 }
