@@ -41,34 +41,22 @@ func TestContentModeKeysBlocksByTokensAndResolvesEngineKeys(t *testing.T) {
 	// Engine keys no router can reproduce: 901-902-903, chained.
 	publish(t, p, batchOf(storedTokens(nil, tokens[:8], 901, 902)))
 	publish(t, p, batchOf(storedTokens(ptr(902), tokens[8:], 903)))
-	requireKeys(t, sink, "m", h, "GPU", sortedCopy(want)...)
+	requireKeys(t, sink, "m", h, "GPU", sorted(want...)...)
 
 	// A legacy CPU-offload event names blocks by engine key only.
 	publish(t, p, batchOf(Event{Type: EventBlockStored, BlockHashes: []uint64{902, 999}, BlockSize: 4, Medium: "CPU"}))
 	requireKeys(t, sink, "m", h, "CPU", want[1])
 	// Eviction by engine key.
 	publish(t, p, batchOf(Event{Type: EventBlockRemoved, BlockHashes: []uint64{901}, Medium: "GPU"}))
-	requireKeys(t, sink, "m", h, "GPU", sortedCopy(want[1:])...)
+	requireKeys(t, sink, "m", h, "GPU", sorted(want[1:]...)...)
 	// A chain continuing from a block the holder never stored cannot be keyed.
 	publish(t, p, batchOf(storedTokens(ptr(12345), tokens[:4], 904)))
 	// The LoRA name is part of the content key, as on the request side.
 	lora := storedTokens(nil, tokens[:4], 905)
 	lora.LoRAName = "ad"
 	publish(t, p, batchOf(lora))
-	requireKeys(t, sink, "m", h, "GPU", sortedCopy(append([]uint64{withLoRA[0]}, want[1:]...))...)
+	requireKeys(t, sink, "m", h, "GPU", sorted(append([]uint64{withLoRA[0]}, want[1:]...)...)...)
 	require.Equal(t, uint64(2), s.Stats().Unresolved, "block 999 and block 904")
-}
-
-func sortedCopy(keys []uint64) []uint64 {
-	out := append([]uint64(nil), keys...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] < out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
-		}
-	}
-	return out
 }
 
 func TestContentMapStaysBoundedAndKeepsRecentEntries(t *testing.T) {

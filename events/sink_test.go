@@ -68,6 +68,16 @@ func (s *recSink) ClearHolder(model string, h index.Holder, tier string) {
 	}
 }
 
+// stall makes Store wait, and so the worker calling it, until release is
+// called.
+func (s *recSink) stall() (release func()) {
+	b := make(chan struct{})
+	s.mu.Lock()
+	s.block = b
+	s.mu.Unlock()
+	return func() { close(b) }
+}
+
 // keys returns the sorted keys of (model, holder, tier).
 func (s *recSink) keys(model string, h index.Holder, tier string) []uint64 {
 	s.mu.Lock()

@@ -104,16 +104,7 @@ func statusOf(s *Subscriber, h index.Holder) HolderStatus {
 func requireKeys(t testing.TB, sink *recSink, model string, h index.Holder, tier string, want ...uint64) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		got := sink.keys(model, h, tier)
-		if len(got) != len(want) {
-			return false
-		}
-		for i := range got {
-			if got[i] != want[i] {
-				return false
-			}
-		}
-		return true
+		return slices.Equal(sink.keys(model, h, tier), want)
 	}, waitLong, 10*time.Millisecond, "want %v, have %v", want, sink.keys(model, h, tier))
 }
 
@@ -402,16 +393,14 @@ func TestFullQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
 	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
 	warmUp(t, p, s, 0)
-	sink.mu.Lock()
-	sink.block = make(chan struct{})
-	sink.mu.Unlock()
+	release := sink.stall()
 	var want []uint64
 	for i := range uint64(40) {
 		publish(t, p, stored(0, nil, 1000+i))
 		want = append(want, 1000+i)
 	}
 	require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
-	close(sink.block)
+	release()
 	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", want...)
 	st := s.Stats()
 	require.NotZero(t, st.Replays)
@@ -650,9 +639,7 @@ func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing
 	require.NoError(t, s.AddPod("pod", localEP(port), ""))
 	warmUp(t, p, s, 0)
 	h := index.Holder{Pod: "pod"}
-	sink.mu.Lock()
-	sink.block = make(chan struct{})
-	sink.mu.Unlock()
+	release := sink.stall()
 	// One batch blocks the worker in the sink, four wait in its queue, the
 	// rest are dropped: the queued ones, older, apply after the drops.
 	const batches = 40
@@ -667,7 +654,7 @@ func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing
 	// would drain its queue and take the late batches, the last among them.
 	require.Eventually(t, func() bool { return s.Stats().Messages >= received+batches }, waitLong, 5*time.Millisecond)
 	require.NotZero(t, s.Stats().QueueFull)
-	close(sink.block)
+	release()
 	// The worker marks the holder stale when it gets to the drops, which may
 	// be after the queued batches.
 	require.Eventually(t, func() bool {
