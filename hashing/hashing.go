@@ -166,8 +166,7 @@ func (d Digest) Key() uint64 {
 		return binary.BigEndian.Uint64(d.b[d.n-8 : d.n])
 	}
 	var v uint64
-	start := max(int(d.n)-8, 0)
-	for _, c := range d.b[start:d.n] {
+	for _, c := range d.b[:d.n] {
 		v = v<<8 | uint64(c)
 	}
 	return v
