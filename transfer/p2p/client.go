@@ -34,6 +34,7 @@ type ClientConfig struct {
 // ClientStats counts what a Client dropped.
 type ClientStats struct {
 	Malformed uint64 // messages that did not decode; the session was dropped
+	Frames    uint64 // messages of more than one frame, dropped unread
 	Unmatched uint64 // messages from an identity no session expects
 	Stale     uint64 // replies for a request or round no call waits for
 	Overflow  uint64 // replies dropped because a session's inbox was full
@@ -85,7 +86,7 @@ func (c *Client) NumBlocks() int { return c.reg.numBlocks }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() ClientStats {
-	return ClientStats{Malformed: c.malformed.Load(), Unmatched: c.unmatched.Load(), Stale: c.stale.Load(), Overflow: c.overflow.Load()}
+	return ClientStats{Malformed: c.malformed.Load(), Frames: c.ep.dropped.Load(), Unmatched: c.unmatched.Load(), Stale: c.stale.Load(), Overflow: c.overflow.Load()}
 }
 
 // Close closes every session (each sends disconnect), the sockets and the

@@ -40,6 +40,7 @@ type ProducerStats struct {
 	Blocks        uint64 // blocks written to consumers
 	Aborts        uint64 // abort_ack sent
 	Malformed     uint64 // messages that did not decode or validate; the session was dropped
+	Frames        uint64 // messages of more than one frame, dropped unread
 	Ignored       uint64 // messages of unknown or misdirected type, or from no session
 	PinsExpired   uint64 // rounds whose pins timed out
 	Lost          uint64 // sessions reaped after the connection was lost
@@ -109,7 +110,7 @@ func (p *Producer) Stats() ProducerStats {
 		Sessions: c.sessions.Load(), Rejected: c.rejected.Load(), Lookups: c.lookups.Load(),
 		LookupKeys: c.lookupKeys.Load(), LookupHits: c.lookupHits.Load(), Fetches: c.fetches.Load(),
 		FetchFailures: c.fetchFailures.Load(), Blocks: c.blocks.Load(), Aborts: c.aborts.Load(),
-		Malformed: c.malformed.Load(), Ignored: c.ignored.Load(), PinsExpired: c.pinsExpired.Load(), Lost: c.lost.Load(),
+		Malformed: c.malformed.Load(), Frames: p.ep.dropped.Load(), Ignored: c.ignored.Load(), PinsExpired: c.pinsExpired.Load(), Lost: c.lost.Load(),
 	}
 }
 

@@ -584,3 +584,13 @@ func TestOversizedFramesAreDroppedBeforeDecoding(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	require.Equal(t, uint64(1), p.Stats().Malformed, "the oversized frame never reached the decoder")
 }
+
+func TestMultiFrameMessagesAreCountedAndDropped(t *testing.T) {
+	p, _ := newTestProducer(t, 1)
+	r := newRawPeer(t, "127.0.0.1")
+	r.dial(p.ID())
+	_, err := r.dealer.SendMessage([]byte("a"), []byte("b"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return p.Stats().Frames == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Zero(t, p.Stats().Malformed, "a dropped message never reaches the decoder")
+}
