@@ -199,6 +199,18 @@ func (u *universe) path(n int) []uint64 {
 	return keys
 }
 
+// scattered returns each of keys with probability 1/n, in order: the
+// blocks an eviction takes out of a chain, leaving holes.
+func scattered(rng *rand.Rand, keys []uint64, n int) []uint64 {
+	var out []uint64
+	for _, k := range keys {
+		if rng.IntN(n) == 0 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 type propConfig struct {
 	models, holders, ops, maxLen int
 	// engineLike keeps holdings prefix-closed (no scattered removals), the
@@ -286,12 +298,7 @@ func (w *workload) mutate(ix *Index) {
 		ix.Remove(model, h, tier, group, p[a:])
 		ref.remove(model, h, tier, group, p[a:])
 	case r < 80: // evicting scattered blocks: holes
-		var ks []uint64
-		for _, k := range p {
-			if rng.IntN(3) == 0 {
-				ks = append(ks, k)
-			}
-		}
+		ks := scattered(rng, p, 3)
 		ix.Remove(model, h, tier, group, ks)
 		ref.remove(model, h, tier, group, ks)
 	case r < 83:

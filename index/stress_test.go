@@ -55,12 +55,7 @@ func TestConcurrentIngestAndLookups(t *testing.T) {
 					ix.Store("m", h, tier, 0, parent, a > 0, p[a:])
 					ref.store("m", h, tier, 0, p[a:])
 				case r < 97:
-					var ks []uint64
-					for _, k := range p {
-						if rng.IntN(2) == 0 {
-							ks = append(ks, k)
-						}
-					}
+					ks := scattered(rng, p, 2)
 					ix.Remove("m", h, tier, 0, ks)
 					ref.remove("m", h, tier, 0, ks)
 				default:
@@ -160,13 +155,7 @@ func TestConcurrentLookupsSeeOnlyRealPrefixes(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				ix.Store("m", podA, TierGPU, 0, 0, false, other)
 			} else {
-				var ks []uint64
-				for _, k := range other {
-					if rng.IntN(2) == 0 {
-						ks = append(ks, k)
-					}
-				}
-				ix.Remove("m", podA, TierGPU, 0, ks)
+				ix.Remove("m", podA, TierGPU, 0, scattered(rng, other, 2))
 			}
 			ix.Store("m", podA, TierGPU, 0, p[i-1], rng.IntN(2) == 0, p[i:i+1])
 		}
