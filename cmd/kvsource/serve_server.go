@@ -453,8 +453,6 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 			kvID = serveNewKVRequestID()
 		}
 		resp.KVTransferParams = d.KVTransferParams(kvID)
-	}
-	if d.Reason == picker.ReasonPull {
 		resp.Source, resp.SourceDPRank = &d.Source.Pod, &d.Source.Rank
 		if s.cfg.Calibration != "" {
 			resp.PredictedSavingMillis = &d.SavingMillis
