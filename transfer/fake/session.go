@@ -199,17 +199,14 @@ func (s *session) transfer(ctx context.Context, keys []transfer.Key, blockIndexe
 	if s.c.dst != nil {
 		s.p.mu.Lock()
 		for i, k := range keys {
-			b, ok := s.p.blocks[string(k)]
 			dst := s.c.dst[blockIndexes[i]*bl : (blockIndexes[i]+1)*bl]
-			switch {
-			case !ok:
-				// Evicted during the transfer; the pin protects it on a real
-				// peer, so the content is still the original.
-				fillContent(dst, k)
-			case b == nil:
-				fillContent(dst, k)
-			default:
+			if b := s.p.blocks[string(k)]; b != nil {
 				copy(dst, b)
+			} else {
+				// Held synthetic content, or evicted during the transfer,
+				// which a real peer's pin prevents: either way the key's
+				// synthetic content.
+				fillContent(dst, k)
 			}
 		}
 		s.p.mu.Unlock()
