@@ -380,20 +380,14 @@ func (hs *holderState) dropTiers(gone []bool) {
 	hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:w], hs.fifoTier[:w], 0
 }
 
-// kept marks with 1 the slots of t worth keeping: held slots and their
-// unheld ancestors (gaps and the chains above them). It returns the marks
-// and their number.
-func (ts *tierState) kept(t *table) ([]uint32, int) {
+// ancestors marks with 1 the unheld ancestors of held slots in t (gaps and
+// the chains above them), the unheld slots a rebuild or a snapshot keeps.
+// It returns the marks and their number.
+func (ts *tierState) ancestors(t *table) ([]uint32, int) {
 	marks := make([]uint32, len(t.slots))
 	n := 0
-	for i := range t.slots {
-		if held(t.slots[i].loadMeta()) {
-			marks[i] = 1
-			n++
-		}
-	}
 	for k := range ts.gaps {
-		for j := t.find(k); j >= 0 && marks[j] == 0; j = parentOf(t.slots[j].loadMeta()) {
+		for j := t.find(k); j >= 0 && marks[j] == 0 && !held(t.slots[j].loadMeta()); j = parentOf(t.slots[j].loadMeta()) {
 			marks[j] = 1
 			n++
 		}
@@ -409,15 +403,9 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	ts := hs.tierList()[ti]
 	old := ts.tab.Load()
 	// remap[i] becomes slot i's new index + 1; first it marks the unheld
-	// ancestors of held slots (gaps and the chains above them) with 1.
-	remap := make([]uint32, len(old.slots))
-	kept := int(ts.live)
-	for k := range ts.gaps {
-		for j := old.find(k); j >= 0 && remap[j] == 0 && !held(old.slots[j].loadMeta()); j = parentOf(old.slots[j].loadMeta()) {
-			remap[j] = 1
-			kept++
-		}
-	}
+	// slots to keep with 1.
+	remap, kept := ts.ancestors(old)
+	kept += int(ts.live)
 	size := tableSizeFor(kept + extra)
 	if size <= len(old.slots) {
 		// Removals, not growth, filled the table: a holder at its steady

@@ -144,18 +144,18 @@ func (hs *holderState) encode(e *encoder) {
 	saved := make([][]uint32, len(tiers))
 	for ti, ts := range tiers {
 		t := ts.tab.Load()
-		marks, n := ts.kept(t)
-		// marks become saved indices + 1.
+		marks, _ := ts.ancestors(t)
+		// marks become saved indices + 1, for held slots too.
 		next := uint32(0)
 		for i := range marks {
-			if marks[i] != 0 {
+			if marks[i] != 0 || held(t.slots[i].loadMeta()) {
 				next++
 				marks[i] = next
 			}
 		}
 		saved[ti] = marks
 		e.str(ts.name)
-		e.uvarint(uint64(n))
+		e.uvarint(uint64(next))
 		for i := range t.slots {
 			if marks[i] == 0 {
 				continue
