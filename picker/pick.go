@@ -109,10 +109,15 @@ func rankAddress(h index.Holder) string {
 	if !ok || port > 65535-h.Rank {
 		return h.Pod
 	}
+	return joinHostPort(host, port+h.Rank)
+}
+
+// joinHostPort returns "host:port", with an IPv6 host in brackets.
+func joinHostPort(host string, port int) string {
 	if strings.Contains(host, ":") {
 		host = "[" + host + "]"
 	}
-	return host + ":" + strconv.Itoa(port+h.Rank)
+	return host + ":" + strconv.Itoa(port)
 }
 
 // podHostPort splits a pod address "host:port" or "[v6]:port" into its host
@@ -175,11 +180,7 @@ func (d *Decision) P2PAddress() string {
 	if src == nil {
 		return ""
 	}
-	host := src.RemoteHost
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	return host + ":" + strconv.Itoa(src.RemotePort)
+	return joinHostPort(src.RemoteHost, src.RemotePort)
 }
 
 // nonNegative returns x, or 0 when x is negative or NaN.
