@@ -1,5 +1,7 @@
 package index
 
+import "slices"
+
 // Lookup sets res.Hits to one Hit per holder of model that holds a
 // non-empty prefix of keys. keys must be a prompt's block keys in order,
 // each the child of the one before (as the hashing package returns them).
@@ -68,7 +70,7 @@ func extend(tiers []*tierState, names []string, keys []uint64, pos int) int {
 	for pos < len(keys) {
 		best := 0
 		for _, ts := range tiers {
-			if names != nil && !contains(names, ts.name) {
+			if names != nil && !slices.Contains(names, ts.name) {
 				continue
 			}
 			best = max(best, runFrom(ts.tab.Load(), keys, pos))
@@ -79,15 +81,6 @@ func extend(tiers []*tierState, names []string, keys []uint64, pos int) int {
 		pos += best
 	}
 	return pos
-}
-
-func contains(names []string, s string) bool {
-	for _, n := range names {
-		if n == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Holders appends to dst[:0] the holders of model that hold key in any tier.
