@@ -325,10 +325,7 @@ func (p *Producer) onConnect(from string, m message) {
 	}
 	p.sessions[from] = s
 	p.mu.Unlock()
-	hello := p.reg.connect(p.ep.id, p.cfg.Endpoint)
-	if b, err := hello.encode(); err == nil {
-		_ = d.send(b)
-	}
+	_ = s.sendNow(p.reg.connect(p.ep.id, p.cfg.Endpoint))
 
 	reject := func(err error) {
 		p.c.rejected.Add(1)
@@ -355,15 +352,24 @@ func (p *Producer) onConnect(from string, m message) {
 	}
 	s.remote, s.numBlocks, s.handshaken = remote, n, true
 	s.mu.Unlock()
-	b, _ := (&message{Type: TypeConnectAck, PeerID: p.ep.id}).encode()
-	if err := d.send(b); err != nil {
+	if err := s.sendNow(message{Type: TypeConnectAck, PeerID: p.ep.id}); err != nil {
 		p.reap(s, "send connect_ack", false)
 		return
 	}
 	p.c.sessions.Add(1)
 }
 
-// sendLocked sends b now, or queues it until the consumer acknowledged our
+// sendNow sends m at once, bypassing the queue that holds replies until the
+// consumer acknowledged our connect: for the handshake and disconnect.
+func (s *peerSession) sendNow(m message) error {
+	b, err := m.encode()
+	if err != nil {
+		return err
+	}
+	return s.d.send(b)
+}
+
+// sendLocked sends m now, or queues it until the consumer acknowledged our
 // connect. s.mu is held.
 func (p *Producer) sendLocked(s *peerSession, m message) {
 	b, err := m.encode()
@@ -594,9 +600,7 @@ func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
 	remote := s.remote
 	s.mu.Unlock()
 	if sendDisconnect {
-		if b, err := (&message{Type: TypeDisconnect}).encode(); err == nil {
-			_ = s.d.send(b)
-		}
+		_ = s.sendNow(message{Type: TypeDisconnect})
 	}
 	p.cfg.Logger.Info("p2p producer: session ended", "peer", s.id, "reason", reason)
 	go func() {
