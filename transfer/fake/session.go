@@ -180,13 +180,8 @@ func (s *session) transfer(ctx context.Context, keys []transfer.Key, blockIndexe
 		}
 		return transfer.Stats{}, err
 	}
-	for i, k := range keys {
-		if !s.pins.has(k) {
-			return fail(fmt.Errorf("%w: key %d (%v) was not a hit of this round", transfer.ErrMissingKeys, i, k))
-		}
-		if !s.p.Holds(k) {
-			return fail(fmt.Errorf("%w: key %d (%v) was evicted", transfer.ErrMissingKeys, i, k))
-		}
+	if err := s.missing(keys); err != nil {
+		return fail(err)
 	}
 	if f.FailFetch {
 		return fail(fmt.Errorf("%w: injected transfer failure", transfer.ErrFetchFailed))
@@ -212,6 +207,22 @@ func (s *session) transfer(ctx context.Context, keys []transfer.Key, blockIndexe
 		s.p.mu.Unlock()
 	}
 	return transfer.Stats{Blocks: len(keys), Bytes: int64(len(keys)) * int64(bl), Duration: cost}, nil
+}
+
+// missing reports the first of keys that is not a pinned hit of this round
+// or no longer held, taking the peer's lock once for all keys.
+func (s *session) missing(keys []transfer.Key) error {
+	s.p.mu.Lock()
+	defer s.p.mu.Unlock()
+	for i, k := range keys {
+		if !s.pins.has(k) {
+			return fmt.Errorf("%w: key %d (%v) was not a hit of this round", transfer.ErrMissingKeys, i, k)
+		}
+		if _, ok := s.p.blocks[string(k)]; !ok {
+			return fmt.Errorf("%w: key %d (%v) was evicted", transfer.ErrMissingKeys, i, k)
+		}
+	}
+	return nil
 }
 
 // aborted finishes a fetch whose ctx ended: the abort is sent and its
