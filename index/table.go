@@ -123,17 +123,10 @@ func (t *table) get(key uint64) uint64 {
 
 // find returns key's slot index or -1. Writer only.
 func (t *table) find(key uint64) int {
-	i := t.home(key)
-	for {
-		s := &t.slots[i]
-		if s.loadMeta() == 0 {
-			return -1
-		}
-		if s.loadKey() == key {
-			return int(i)
-		}
-		i = t.next(i)
+	if i, ok := t.probe(key); ok {
+		return i
 	}
+	return -1
 }
 
 // prefetch touches the home slots of keys, so that their cache misses
@@ -174,7 +167,9 @@ func (t *table) probe(key uint64) (int, bool) {
 	}
 }
 
-// put occupies the free slot i with key and meta.
+// put occupies the free slot i with key and meta. The key is published
+// before the meta so that a reader that sees the slot occupied also sees
+// its key.
 func (t *table) put(i int, key, meta uint64) {
 	t.slots[i].storeKey(key)
 	t.slots[i].storeMeta(meta | metaExists)
@@ -182,17 +177,11 @@ func (t *table) put(i int, key, meta uint64) {
 }
 
 // insert puts key, known to be absent, in a free slot. The caller has made
-// room. The key is published before the meta so that a reader that sees the
-// slot occupied also sees its key.
+// room.
 func (t *table) insert(key, meta uint64) int {
-	i := t.home(key)
-	for t.slots[i].loadMeta() != 0 {
-		i = t.next(i)
-	}
-	t.slots[i].storeKey(key)
-	t.slots[i].storeMeta(meta | metaExists)
-	t.used++
-	return int(i)
+	i, _ := t.probe(key)
+	t.put(i, key, meta)
+	return i
 }
 
 // fits reports whether n more slots can be inserted without passing the load limit.
