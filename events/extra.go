@@ -15,7 +15,13 @@ func ExtraKeys(raw []byte) ([]hashing.ExtraKey, error) {
 	if raw == nil {
 		return nil, nil
 	}
-	d := NewDecoder()
+	return NewDecoder().extraKeyTuple(raw)
+}
+
+// extraKeyTuple is ExtraKeys reusing d, for a caller that converts tuples on
+// every event.
+func (d *Decoder) extraKeyTuple(raw []byte) ([]hashing.ExtraKey, error) {
+	d.init()
 	d.r = payloadReader{b: raw}
 	d.md.ResetReader(&d.r)
 	n, err := d.arrayLen("extra keys", false, maxBlocks)

@@ -74,6 +74,7 @@ type worker struct {
 	holders map[index.Holder]*holder
 
 	dec, rdec     *Decoder
+	xdec          *Decoder // extra-keys tuples of the batch dec decoded
 	batch, rbatch Batch
 	keys, keys2   []uint64
 	extra         [][]hashing.ExtraKey
@@ -90,7 +91,7 @@ type worker struct {
 func newWorker(s *Subscriber) *worker {
 	return &worker{
 		s: s, in: make(chan message, s.cfg.QueueLen), holders: map[index.Holder]*holder{},
-		dec: NewDecoder(), rdec: NewDecoder(),
+		dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder(),
 		resyncPods: map[string]uint64{}, resyncSig: make(chan struct{}, 1),
 	}
 }
@@ -542,7 +543,7 @@ func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 			w.extra = append(w.extra, nil)
 			continue
 		}
-		keys, err := ExtraKeys(raw)
+		keys, err := w.xdec.extraKeyTuple(raw)
 		if err != nil {
 			return req, err
 		}
