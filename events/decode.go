@@ -961,12 +961,14 @@ func (d *Decoder) medium(s []byte) string {
 	case "CPU", "cpu":
 		return mediumCPU
 	}
-	up := make([]byte, len(s))
-	for i, c := range s {
+	// On the stack: intern copies only a medium it has not seen.
+	var buf [32]byte
+	up := buf[:0]
+	for _, c := range s {
 		if 'a' <= c && c <= 'z' {
 			c -= 'a' - 'A'
 		}
-		up[i] = c
+		up = append(up, c)
 	}
 	return d.intern(up)
 }
