@@ -1,10 +1,12 @@
 package events
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -151,10 +153,10 @@ func TestDecodeRejectsHostileInput(t *testing.T) {
 		payload []byte
 	}{
 		{"huge event count", []byte{0x93, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff}},
-		{"huge token array", cat([]byte{0x93, 0x00, 0x91, 0x94}, storedTag, []byte{0x90, 0xc0, 0xdd, 0xff, 0xff, 0xff, 0xff})},
-		{"huge hash array", cat([]byte{0x93, 0x00, 0x91, 0x94}, storedTag, []byte{0xdd, 0x7f, 0xff, 0xff, 0xff})},
+		{"huge token array", slices.Concat([]byte{0x93, 0x00, 0x91, 0x94}, storedTag, []byte{0x90, 0xc0, 0xdd, 0xff, 0xff, 0xff, 0xff})},
+		{"huge hash array", slices.Concat([]byte{0x93, 0x00, 0x91, 0x94}, storedTag, []byte{0xdd, 0x7f, 0xff, 0xff, 0xff})},
 		{"huge string length", []byte{0x93, 0x00, 0x91, 0x92, 0xdb, 0xff, 0xff, 0xff, 0xff}},
-		{"deep nesting in unknown field", append([]byte{0x93, 0x00, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'X', 0xa1, 'z'}, repeat(0x91, 100)...)},
+		{"deep nesting in unknown field", append([]byte{0x93, 0x00, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'X', 0xa1, 'z'}, bytes.Repeat([]byte{0x91}, 100)...)},
 		{"negative rank", []byte{0x93, 0x00, 0x90, 0xff}},
 		{"nil ts", []byte{0x93, 0xc0, 0x90, 0x00}},
 		{"trailing bytes", []byte{0x93, 0x00, 0x90, 0x00, 0x00}},
@@ -221,7 +223,7 @@ func TestDecodeReadsABatchEncodedAsAMap(t *testing.T) {
 
 func TestDecodeSkipsExtensionValuesInUnknownFields(t *testing.T) {
 	removed := []byte{0xac, 'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd'}
-	payload := cat([]byte{0x93, 0x00, 0x91, 0x84, 0xa4, 't', 'y', 'p', 'e'}, removed,
+	payload := slices.Concat([]byte{0x93, 0x00, 0x91, 0x84, 0xa4, 't', 'y', 'p', 'e'}, removed,
 		[]byte{0xac}, []byte("block_hashes"), []byte{0x91, 0x07},
 		// A msgpack timestamp, as msgspec encodes a datetime.
 		[]byte{0xa2, 'a', 't', 0xd7, 0xff, 1, 2, 3, 4, 5, 6, 7, 8},
@@ -255,30 +257,7 @@ func TestDecodeOfHostileExtensionLengthsDoesNotGrowMemory(t *testing.T) {
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated by 50 decodes")
 }
 
-func mustHex(t testing.TB, s string) []byte {
-	t.Helper()
-	b, err := hex.DecodeString(s)
-	require.NoError(t, err)
-	return b
-}
-
 var storedTag = []byte{0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd'}
-
-func cat(parts ...[]byte) []byte {
-	var out []byte
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
-
-func repeat(c byte, n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = c
-	}
-	return b
-}
 
 func FuzzDecode(f *testing.F) {
 	for _, c := range loadPayloadCases(f) {
