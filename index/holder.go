@@ -1,6 +1,10 @@
 package index
 
-import "strconv"
+import (
+	"cmp"
+	"strconv"
+	"strings"
+)
 
 // Holder identifies one cache: a vLLM engine process, named by the pod address
 // the router uses for it and its data-parallel rank. Ranks of one pod have
@@ -16,6 +20,11 @@ func (h Holder) String() string {
 		return h.Pod
 	}
 	return h.Pod + "#" + strconv.Itoa(h.Rank)
+}
+
+// compareHolders orders holders by pod, then rank.
+func compareHolders(a, b Holder) int {
+	return cmp.Or(strings.Compare(a.Pod, b.Pod), cmp.Compare(a.Rank, b.Rank))
 }
 
 // Tiers vLLM reports in KV events. Engines may report other media; the index

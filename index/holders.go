@@ -28,10 +28,7 @@ func (ix *Index) HolderList() []HolderModel {
 		if c := strings.Compare(a.Model, b.Model); c != 0 {
 			return c
 		}
-		if c := strings.Compare(a.Holder.Pod, b.Holder.Pod); c != 0 {
-			return c
-		}
-		return a.Holder.Rank - b.Holder.Rank
+		return compareHolders(a.Holder, b.Holder)
 	})
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -194,20 +195,7 @@ func (hs *holderState) encode(e *encoder) {
 }
 
 func sortedHolders[V any](m map[Holder]V) []Holder {
-	hs := make([]Holder, 0, len(m))
-	for h := range m {
-		hs = append(hs, h)
-	}
-	slices.SortFunc(hs, func(a, b Holder) int {
-		if a.Pod != b.Pod {
-			if a.Pod < b.Pod {
-				return -1
-			}
-			return 1
-		}
-		return a.Rank - b.Rank
-	})
-	return hs
+	return slices.SortedFunc(maps.Keys(m), compareHolders)
 }
 
 type encoder struct {
