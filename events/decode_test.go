@@ -23,6 +23,8 @@ type conformanceCase struct {
 	PayloadHex string          `json:"payload_hex"`
 	Expected   json.RawMessage `json:"expected"`
 	Error      *string         `json:"error"`
+	// Payload is PayloadHex decoded.
+	Payload []byte `json:"-"`
 }
 
 func loadPayloadCases(t testing.TB) []conformanceCase {
@@ -34,6 +36,10 @@ func loadPayloadCases(t testing.TB) []conformanceCase {
 	}
 	require.NoError(t, json.Unmarshal(raw, &file))
 	require.NotEmpty(t, file.Cases)
+	for i := range file.Cases {
+		file.Cases[i].Payload, err = hex.DecodeString(file.Cases[i].PayloadHex)
+		require.NoError(t, err, file.Cases[i].Name)
+	}
 	return file.Cases
 }
 
@@ -117,9 +123,7 @@ func TestDecodeConformancePayloads(t *testing.T) {
 	var b Batch // shared across cases: recycled slices must not leak state
 	for _, c := range loadPayloadCases(t) {
 		t.Run(c.Name, func(t *testing.T) {
-			payload, err := hex.DecodeString(c.PayloadHex)
-			require.NoError(t, err)
-			err = d.Decode(payload, &b)
+			err := d.Decode(c.Payload, &b)
 			if c.Error != nil {
 				require.ErrorIs(t, err, ErrMalformed, "case says: %s", *c.Error)
 				require.Empty(t, b.Events, "a failed decode leaves no events to apply")
@@ -138,12 +142,10 @@ func TestDecodeRejectsEveryTruncationOfValidPayloads(t *testing.T) {
 		if c.Error != nil {
 			continue
 		}
-		payload, err := hex.DecodeString(c.PayloadHex)
-		require.NoError(t, err)
-		for n := range len(payload) {
-			require.ErrorIs(t, d.Decode(payload[:n], &b), ErrMalformed, "%s cut at %d", c.Name, n)
+		for n := range len(c.Payload) {
+			require.ErrorIs(t, d.Decode(c.Payload[:n], &b), ErrMalformed, "%s cut at %d", c.Name, n)
 		}
-		require.NoError(t, d.Decode(payload, &b), c.Name)
+		require.NoError(t, d.Decode(c.Payload, &b), c.Name)
 	}
 }
 
@@ -261,9 +263,7 @@ var storedTag = []byte{0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', '
 
 func FuzzDecode(f *testing.F) {
 	for _, c := range loadPayloadCases(f) {
-		payload, err := hex.DecodeString(c.PayloadHex)
-		require.NoError(f, err)
-		f.Add(payload)
+		f.Add(c.Payload)
 	}
 	// The layouts the conformance data lacks: a batch as a map, and an
 	// extension value in a field the decoder skips.
