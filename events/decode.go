@@ -162,10 +162,9 @@ func (r *payloadReader) remaining() int { return len(r.b) - r.i }
 // value is ready to use. A Decoder is not safe for concurrent use; give each
 // goroutine its own.
 type Decoder struct {
-	r      payloadReader
-	md     *msgpack.Decoder
-	strs   map[string]string
-	errCtx string
+	r    payloadReader
+	md   *msgpack.Decoder
+	strs map[string]string
 }
 
 // NewDecoder returns a ready Decoder.
