@@ -258,12 +258,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func plotScenario(dir string, s *scenarioResult) error {
 	for i := 0; i+1 < len(s.Arms); i += 2 {
 		arms := s.Arms[i : i+2]
-		base, title := s.Name, s.Title
+		base, title := s.Name, strings.SplitN(s.Title, ":", 2)[0]
 		if arms[0].Rate > 0 {
 			base = fmt.Sprintf("%s-%grps", s.Name, arms[0].Rate)
-			title = fmt.Sprintf("%s, %g req/s", strings.SplitN(s.Title, ":", 2)[0], arms[0].Rate)
-		} else {
-			title = strings.SplitN(s.Title, ":", 2)[0]
+			title = fmt.Sprintf("%s, %g req/s", title, arms[0].Rate)
 		}
 		paths, err := plotArms(dir, base, title, arms)
 		if err != nil {
