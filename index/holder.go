@@ -22,9 +22,11 @@ func (h Holder) String() string {
 	return h.Pod + "#" + strconv.Itoa(h.Rank)
 }
 
-// compareHolders orders holders by pod, then rank.
-func compareHolders(a, b Holder) int {
-	return cmp.Or(strings.Compare(a.Pod, b.Pod), cmp.Compare(a.Rank, b.Rank))
+// Compare orders holders by pod, then rank: -1 when h sorts before o, +1
+// when after, 0 when equal. Every listing of holders in the SDK and the
+// service uses this order.
+func (h Holder) Compare(o Holder) int {
+	return cmp.Or(strings.Compare(h.Pod, o.Pod), cmp.Compare(h.Rank, o.Rank))
 }
 
 // Tiers vLLM reports in KV events. Engines may report other media; the index

@@ -291,7 +291,7 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	}
 	// A fixed order makes the draw depend on the request alone, not on the
 	// order the index lists holders in.
-	slices.SortFunc(band, func(a, b cand) int { return compareHolders(a.h, b.h) })
+	slices.SortFunc(band, func(a, b cand) int { return a.h.Compare(b.h) })
 	now := p.epoch()
 	var total float64
 	n := 0

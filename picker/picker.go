@@ -288,10 +288,3 @@ func splitmix64(x uint64) uint64 {
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
 }
-
-func compareHolders(a, b index.Holder) int {
-	if c := strings.Compare(a.Pod, b.Pod); c != 0 {
-		return c
-	}
-	return a.Rank - b.Rank
-}

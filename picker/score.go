@@ -70,7 +70,7 @@ func (p *Picker) Score(req Request, dst []Score) ([]Score, error) {
 		if c := cmp.Compare(b.Blocks, a.Blocks); c != 0 {
 			return c
 		}
-		return compareHolders(a.Holder, b.Holder)
+		return a.Holder.Compare(b.Holder)
 	})
 	return dst, nil
 }

@@ -14,7 +14,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -625,10 +624,7 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 			InflightPulls: s.pk.Inflight(hm.Holder)})
 	}
 	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
-		if c := strings.Compare(a.Pod, b.Pod); c != 0 {
-			return c
-		}
-		return a.DPRank - b.DPRank
+		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})
 	})
 	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods})
 	return nil
