@@ -6,6 +6,7 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
+	"github.com/kvsource/kvsource/transfer"
 )
 
 func ExamplePicker_Pick() {
@@ -42,10 +43,10 @@ func ExampleFit() {
 	tokens := []int{2048, 8192, 16384, 32768, 49152}
 	recompute := []float64{78, 250, 510, 1173, 1988}
 	pull := []float64{35, 57, 86, 165, 235}
-	var rs, ps []picker.Sample
+	var rs, ps []transfer.Sample
 	for i, t := range tokens {
-		rs = append(rs, picker.Sample{Tokens: t, Millis: recompute[i]})
-		ps = append(ps, picker.Sample{Tokens: t, Millis: pull[i]})
+		rs = append(rs, transfer.Sample{Tokens: t, Millis: recompute[i]})
+		ps = append(ps, transfer.Sample{Tokens: t, Millis: pull[i]})
 	}
 	cal, err := picker.Fit(rs, ps, picker.DefaultMargin)
 	if err != nil {

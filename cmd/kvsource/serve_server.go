@@ -25,6 +25,7 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
+	"github.com/kvsource/kvsource/transfer"
 )
 
 // serveService is kvsource serve: a subscriber feeding an index, a picker reading
@@ -150,14 +151,9 @@ func serveLoadSnapshot(path string, log *slog.Logger) (*index.Index, map[index.H
 	return idx, seqs, nil
 }
 
-type serveSampleJSON struct {
-	Tokens int     `json:"tokens"`
-	Millis float64 `json:"ms"`
-}
-
 type serveCalibrationJSON struct {
-	Recompute []serveSampleJSON `json:"recompute"`
-	Pull      []serveSampleJSON `json:"pull"`
+	Recompute []transfer.Sample `json:"recompute"`
+	Pull      []transfer.Sample `json:"pull"`
 	Margin    *float64          `json:"margin"`
 }
 
@@ -173,18 +169,11 @@ func serveLoadCalibration(path string) (picker.Calibration, error) {
 	if err := dec.Decode(&c); err != nil {
 		return picker.Calibration{}, fmt.Errorf("--calibration %s: %w", path, err)
 	}
-	samples := func(in []serveSampleJSON) []picker.Sample {
-		out := make([]picker.Sample, len(in))
-		for i, x := range in {
-			out[i] = picker.Sample{Tokens: x.Tokens, Millis: x.Millis}
-		}
-		return out
-	}
 	margin := picker.DefaultMargin
 	if c.Margin != nil {
 		margin = *c.Margin
 	}
-	cal, err := picker.Fit(samples(c.Recompute), samples(c.Pull), margin)
+	cal, err := picker.Fit(c.Recompute, c.Pull, margin)
 	if err != nil {
 		return picker.Calibration{}, fmt.Errorf("--calibration %s: %w", path, err)
 	}
