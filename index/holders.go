@@ -11,6 +11,20 @@ type HolderModel struct {
 	Holder Holder
 }
 
+// Models returns the models the index keeps state for a holder of, sorted.
+// It reads without locks, like HolderList.
+func (ix *Index) Models() []string {
+	var out []string
+	ix.models.Range(func(name string, ms *modelState) bool {
+		if len(*ms.list.Load()) > 0 {
+			out = append(out, name)
+		}
+		return true
+	})
+	slices.Sort(out)
+	return out
+}
+
 // HolderList returns every (model, holder) pair the index keeps state for,
 // including holders whose blocks were all removed or cleared (RemoveHolder
 // forgets them), sorted by model, pod and rank. It is what Stats.Holders

@@ -101,3 +101,13 @@ func (b *bruteIndex) Lookup(model string, keys []uint64, res *index.Result) {
 		}
 	}
 }
+
+func (b *bruteIndex) Models() []string {
+	var out []string
+	for m, hs := range b.m {
+		if len(hs) > 0 {
+			out = append(out, m)
+		}
+	}
+	return out
+}
