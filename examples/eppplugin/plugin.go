@@ -199,7 +199,12 @@ func (p *KVSource) PrepareRequestData(_ context.Context, req *InferenceRequest, 
 		st.candidates = append(st.candidates, picker.Candidate{Holder: holderOf(e), Waiting: e.GetMetrics().WaitingQueueSize})
 	}
 	scores, err := p.pick.Score(picker.Request{Model: st.model, Keys: keys, Candidates: st.candidates}, nil)
-	if err != nil {
+	switch {
+	case errors.Is(err, picker.ErrUnknownModel):
+		// Every endpoint matches nothing, as for a cold prompt; the pick's
+		// reason (unknown_model) is where the misspelling shows.
+		scores = nil
+	case err != nil:
 		return fmt.Errorf("kvsource: request %s: %w", req.RequestID, err)
 	}
 	bs := p.hasher.Config().BlockSize

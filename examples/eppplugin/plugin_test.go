@@ -91,6 +91,20 @@ func TestDataProducerAttachesEachEndpointsPrefix(t *testing.T) {
 	require.InDelta(t, 0.8*32/66, scores[w.eps[2]], 1e-9)
 }
 
+func TestDataProducerMatchesNothingForAnUnknownModel(t *testing.T) {
+	w := newWorld(t)
+	system := tokens(1, 1024)
+	w.hold(t, 0, index.TierGPU, system)
+	req := w.request("r1", system)
+	req.TargetModel = "not-" + model
+	require.NoError(t, w.p.PrepareRequestData(context.Background(), req, w.eps))
+	for i := range w.eps {
+		v, ok := w.eps[i].Get(PrefixMatchKey)
+		require.True(t, ok)
+		require.Equal(t, &PrefixMatch{PromptBlocks: 64, BlockSize: 16}, v.(*PrefixMatch), "endpoint %d", i)
+	}
+}
+
 func TestPreRequestNamesTheSourceWhenTheComputingEndpointLacksThePrefix(t *testing.T) {
 	w := newWorld(t)
 	system := tokens(3, 2048)
