@@ -11,18 +11,19 @@ type HolderModel struct {
 	Holder Holder
 }
 
-// Models returns the models the index keeps state for a holder of, sorted.
-// It reads without locks, like HolderList.
-func (ix *Index) Models() []string {
-	var out []string
+// Models appends to dst[:0] the models the index keeps state for a holder
+// of, sorted, and returns the extended slice. It reads without locks, like
+// HolderList.
+func (ix *Index) Models(dst []string) []string {
+	dst = dst[:0]
 	ix.models.Range(func(name string, ms *modelState) bool {
 		if len(*ms.list.Load()) > 0 {
-			out = append(out, name)
+			dst = append(dst, name)
 		}
 		return true
 	})
-	slices.Sort(out)
-	return out
+	slices.Sort(dst)
+	return dst
 }
 
 // HolderList returns every (model, holder) pair the index keeps state for,

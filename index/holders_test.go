@@ -17,14 +17,14 @@ func TestHolderListAndModelsNameEveryModelHolderPairSortedIncludingLoadedOnes(t 
 	ix.Store("m1", a, TierGPU, 0, 0, false, []uint64{4})
 	want := []HolderModel{{"m1", a}, {"m1", b0}, {"m1", b1}, {"m2", a}}
 	require.Equal(t, want, ix.HolderList())
-	require.Equal(t, []string{"m1", "m2"}, ix.Models())
+	require.Equal(t, []string{"m1", "m2"}, ix.Models(nil))
 
 	// Cleared holders keep their place; removed ones are gone.
 	ix.ClearHolder("m1", b0, "")
 	require.Equal(t, want, ix.HolderList())
 	ix.RemoveHolder(a)
 	require.Equal(t, []HolderModel{{"m1", b0}, {"m1", b1}}, ix.HolderList())
-	require.Equal(t, []string{"m1"}, ix.Models(), "a model whose holders are all removed is gone")
+	require.Equal(t, []string{"m1"}, ix.Models(nil), "a model whose holders are all removed is gone")
 
 	path := filepath.Join(t.TempDir(), "snap")
 	require.NoError(t, ix.SaveFile(path, nil))

@@ -102,12 +102,12 @@ func (b *bruteIndex) Lookup(model string, keys []uint64, res *index.Result) {
 	}
 }
 
-func (b *bruteIndex) Models() []string {
-	var out []string
+func (b *bruteIndex) Models(dst []string) []string {
+	dst = dst[:0]
 	for m, hs := range b.m {
 		if len(hs) > 0 {
-			out = append(out, m)
+			dst = append(dst, m)
 		}
 	}
-	return out
+	return dst
 }

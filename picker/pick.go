@@ -312,7 +312,7 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	if d.Best == 0 {
 		d.Reason = ReasonSelf
 		if l == 0 {
-			d.Reason = p.noHolder(req.Model, len(s.hold) == 0)
+			d.Reason = p.noHolder(req.Model, len(s.hold) == 0, s)
 		}
 		return d, nil
 	}

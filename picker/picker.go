@@ -26,10 +26,10 @@ type Index interface {
 	Run(model string, h index.Holder, keys []uint64, start int, tiers []string) int
 	// Holders appends to dst[:0] every holder of key, in any tier.
 	Holders(model string, key uint64, dst []index.Holder) []index.Holder
-	// Models returns the models the index knows holders of. The picker
-	// calls it only for a prompt no holder has a block of, to tell an
-	// unknown model from a cold prompt.
-	Models() []string
+	// Models appends to dst[:0] the models the index knows holders of.
+	// The picker calls it only for a prompt no holder has a block of, to
+	// tell an unknown model from a cold prompt.
+	Models(dst []string) []string
 }
 
 // Errors callers may branch on.
@@ -170,10 +170,11 @@ type tierWeight struct {
 // scratch is the per-call working memory, pooled so that a steady-state
 // call allocates only the decision's missing keys.
 type scratch struct {
-	keys  []uint64
-	res   index.Result
-	hold  []index.Holder
-	cands []cand
+	keys   []uint64
+	models []string
+	res    index.Result
+	hold   []index.Holder
+	cands  []cand
 }
 
 type cand struct {
@@ -263,8 +264,8 @@ func (p *Picker) keys(req *Request, s *scratch) ([]uint64, error) {
 // noHolder is the reason for a prompt no allowed holder has a block of:
 // ReasonUnknownModel when no holder has any block of the prompt's first
 // one (none) and the index knows holders of other models but not of model.
-func (p *Picker) noHolder(model string, none bool) Reason {
-	if none && p.unknownModel(model) {
+func (p *Picker) noHolder(model string, none bool, s *scratch) Reason {
+	if none && p.unknownModel(model, s) {
 		return ReasonUnknownModel
 	}
 	return ReasonNoHolder
@@ -272,9 +273,9 @@ func (p *Picker) noHolder(model string, none bool) Reason {
 
 // unknownModel reports whether the index knows holders of other models but
 // none of model.
-func (p *Picker) unknownModel(model string) bool {
-	ms := p.idx.Models()
-	return len(ms) > 0 && !slices.Contains(ms, model)
+func (p *Picker) unknownModel(model string, s *scratch) bool {
+	s.models = p.idx.Models(s.models)
+	return len(s.models) > 0 && !slices.Contains(s.models, model)
 }
 
 func (p *Picker) getScratch() *scratch { return p.scratchPool.Get().(*scratch) }

@@ -163,3 +163,18 @@ func TestUnknownModelIsNotNoHolder(t *testing.T) {
 		})
 	}
 }
+
+func TestPickOfAnUnknownModelAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts need a build without -race")
+	}
+	keys := seqKeys(8)
+	p := newPicker(t, fleet(keys, holding{peerA, index.TierCPU, 0, 8}), Config{})
+	req := Request{ID: "r", Model: "M", Keys: keys, Destination: dst}
+	allocs := testing.AllocsPerRun(100, func() {
+		if d, err := p.Pick(req); err != nil || d.Reason != ReasonUnknownModel {
+			t.Fatal(d.Reason, err)
+		}
+	})
+	require.Zero(t, allocs, "a cold prompt costs no allocation for telling the model unknown")
+}

@@ -50,7 +50,7 @@ func (p *Picker) Score(req Request, dst []Score) ([]Score, error) {
 	}
 	if len(keys) > 0 {
 		p.idx.Lookup(req.Model, keys, &s.res)
-		if len(s.res.Hits) == 0 && p.unknownModel(req.Model) {
+		if len(s.res.Hits) == 0 && p.unknownModel(req.Model, s) {
 			return dst, fmt.Errorf("%w %q", ErrUnknownModel, req.Model)
 		}
 	} else {
