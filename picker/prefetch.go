@@ -289,6 +289,18 @@ func (f *Prefetcher) Prefetch(req PrefetchRequest) (Prefetch, error) {
 	return out, nil
 }
 
+// Pending reports whether a prefetch of session to dest has started and is
+// neither completed, cancelled nor expired. A router whose request arrives
+// while its history is still on the way may name the same source again, or
+// wait for Complete, rather than have the destination compute it.
+func (f *Prefetcher) Pending(session string, dest index.Holder) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sweep(f.now())
+	e := f.live[prefetchKey{session, dest}]
+	return e != nil && e.open
+}
+
 // Remembered returns the number of prefetches remembered and not expired.
 func (f *Prefetcher) Remembered() int {
 	f.mu.Lock()

@@ -117,7 +117,10 @@ func TestPrefetchNeverTwiceForTheSameSessionPrefixAndDestination(t *testing.T) {
 	require.Equal(t, first.Expires, again.Expires)
 	require.Equal(t, 1, p.Inflight(peerA), "a duplicate adds no pull")
 
+	require.True(t, f.Pending("s1", dst))
+	require.False(t, f.Pending("s1", peerB))
 	first.Complete()
+	require.False(t, f.Pending("s1", dst), "completed")
 	require.Zero(t, p.Inflight(peerA), "completion releases the source")
 	again, err = f.Prefetch(req("s1", dst, 12))
 	require.NoError(t, err)
@@ -166,7 +169,9 @@ func TestPrefetchExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, PrefetchDuplicate, got.State, "a second before expiry")
 
+	require.True(t, f.Pending("s", dst))
 	clk.advance(time.Second)
+	require.False(t, f.Pending("s", dst), "expired")
 	require.Zero(t, f.Remembered(), "forgotten at its expiry")
 	require.Zero(t, p.Inflight(peerA), "an expired prefetch no longer counts against its source")
 	first.Complete()
