@@ -399,7 +399,7 @@ func calibMedian(xs []float64) float64 {
 
 func calibWriteTable(w io.Writer, rep *calibReport, repeats int) {
 	fmt.Fprintf(w, "kvsource calibrate: consumer %s, source %s (P2P %s), model %s\n", rep.Consumer, rep.Source, rep.SourceP2P, rep.Model)
-	fmt.Fprintf(w, "TTFT in ms, median of %d probes per length and arm after the cold first probe\n\n", repeats)
+	fmt.Fprintf(w, "time to first token, ms: median of the %d warm probes per length and arm; each length's cold first probe apart, not fitted\n\n", repeats)
 	fmt.Fprintf(w, "%8s  %12s  %9s  %10s  %12s  %15s  %10s\n", "tokens", "recompute", "pull", "pull/rec", "moved tokens", "cold recompute", "cold pull")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(w, "%8d  %12.1f  %9.1f  %10.2f  %12d  %15.1f  %10.1f\n", r.Tokens, r.RecomputeMillis, r.PullMillis, r.Ratio, r.MovedTokens, r.ColdRecompute, r.ColdPull)

@@ -255,6 +255,7 @@ func TestCalibratePrintsTheTableCrossoverAndRecommendation(t *testing.T) {
 	consumer, source := calibPair(t)
 	_, out, err := runCalibrateTest(t, calibArgs(consumer, source, "--calibration", "", "--repeats", "1"))
 	require.NoError(t, err)
+	t.Log("\n" + out)
 	for _, want := range []string{"tokens", "recompute", "cold pull", "crossover: pulling is faster from", "recommended: --min-cached-token-delta"} {
 		require.Contains(t, out, want)
 	}
