@@ -73,6 +73,9 @@ type calibConfig struct {
 	JSON            bool
 	Progress        bool
 	Seed            uint64 // prompt tokens; 0 draws one
+	// now times the probes; nil is time.Now. Tests give simulated pods'
+	// virtual clock, so that what is measured is their cost model alone.
+	now func() time.Time
 }
 
 type calibIntList []int
@@ -272,7 +275,10 @@ type calibReport struct {
 
 // calibrate measures, fits and reports.
 func calibrate(ctx context.Context, cfg calibConfig, stdout, stderr io.Writer) error {
-	c := &calibClient{cfg: cfg, http: &http.Client{}}
+	c := &calibClient{cfg: cfg, now: cfg.now, http: &http.Client{}}
+	if c.now == nil {
+		c.now = time.Now
+	}
 	seed := cfg.Seed
 	if seed == 0 {
 		var b [8]byte
@@ -284,8 +290,13 @@ func calibrate(ctx context.Context, cfg calibConfig, stdout, stderr io.Writer) e
 	_, _ = rand.Read(nonce)
 	c.nonce = hex.EncodeToString(nonce)
 
-	// Reachability first, so a wrong URL fails in a second, not after a
-	// seed.
+	// Reachability first, so a wrong URL or model fails in a second, not
+	// after a seed.
+	for _, base := range []string{cfg.Consumer, cfg.Source} {
+		if err := c.serves(ctx, base); err != nil {
+			return err
+		}
+	}
 	if _, err := c.hits(ctx); err != nil {
 		return err
 	}
@@ -399,7 +410,7 @@ func calibMedian(xs []float64) float64 {
 
 func calibWriteTable(w io.Writer, rep *calibReport, repeats int) {
 	fmt.Fprintf(w, "kvsource calibrate: consumer %s, source %s (P2P %s), model %s\n", rep.Consumer, rep.Source, rep.SourceP2P, rep.Model)
-	fmt.Fprintf(w, "time to first token, ms: median of the %d warm probes per length and arm; each length's cold first probe apart, not fitted\n\n", repeats)
+	fmt.Fprintf(w, "time to first token, ms: median of %d warm probe(s) per length and arm; each length's cold first probe shown apart, not fitted\n\n", repeats)
 	fmt.Fprintf(w, "%8s  %12s  %9s  %10s  %12s  %15s  %10s\n", "tokens", "recompute", "pull", "pull/rec", "moved tokens", "cold recompute", "cold pull")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(w, "%8d  %12.1f  %9.1f  %10.2f  %12d  %15.1f  %10.1f\n", r.Tokens, r.RecomputeMillis, r.PullMillis, r.Ratio, r.MovedTokens, r.ColdRecompute, r.ColdPull)
@@ -448,6 +459,7 @@ func calibWriteFile(path string, rec, pull []picker.Sample, margin float64) erro
 // calibClient talks to the pod pair.
 type calibClient struct {
 	cfg   calibConfig
+	now   func() time.Time
 	http  *http.Client
 	rng   *mrand.Rand
 	nonce string
@@ -525,7 +537,8 @@ func (c *calibClient) waitHits(ctx context.Context, before, want int) (int, erro
 		case <-ctx.Done():
 			return now - before, ctx.Err()
 		case <-deadline.C:
-			return now - before, fmt.Errorf("%w: the consumer's %s rose by %d tokens in %v, want at least %d",
+			return now - before, fmt.Errorf("%w: the consumer's %s rose by %d tokens in %v, want at least %d "+
+				"(check --source-p2p, that both pods run vLLM's P2P offload tier, and --settle for the source's CPU tier)",
 				errCalibNotVerified, calibHitMetrics[1], now-before, c.cfg.VerifyTimeout, want)
 		case <-tick.C:
 		}
@@ -586,7 +599,7 @@ func (c *calibClient) complete(ctx context.Context, base string, prompt []uint32
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
+	start := c.now()
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return 0, err
@@ -622,13 +635,47 @@ func (c *calibClient) complete(ctx context.Context, base string, prompt []uint32
 			return 0, fmt.Errorf("stream error: %s", ev.Error)
 		}
 		if ttft == 0 && len(ev.Choices) > 0 {
-			ttft = time.Since(start)
+			ttft = c.now().Sub(start)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return 0, err
 	}
 	return 0, errors.New("stream ended without [DONE]")
+}
+
+// serves checks that the pod at base lists the model in /v1/models.
+func (c *calibClient) serves(ctx context.Context, base string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s/v1/models: HTTP %d", base, resp.StatusCode)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
+		return fmt.Errorf("%s/v1/models: %w", base, err)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		if m.ID == c.cfg.Model {
+			return nil
+		}
+		ids = append(ids, m.ID)
+	}
+	return fmt.Errorf("%s does not serve model %q (it serves %q)", base, c.cfg.Model, ids)
 }
 
 // hits reads the consumer's external prefix-cache hit counter, in tokens,
