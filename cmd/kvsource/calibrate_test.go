@@ -406,3 +406,18 @@ vllm:external_prefix_cache_hits 5
 	_, _, err = calibSumMetric(strings.NewReader("vllm:external_prefix_cache_hits_total{engine=\"0\"} x\n"), calibHitMetrics)
 	require.Error(t, err)
 }
+
+func TestCalibrateProgressBarIsDrawnOnlyWhenOnAndCleared(t *testing.T) {
+	var buf bytes.Buffer
+	off := calibNewProgress(&buf, 4, false)
+	off.add()
+	off.finish()
+	require.Empty(t, buf.String())
+
+	on := calibNewProgress(&buf, 4, true)
+	on.add()
+	on.add()
+	require.Contains(t, buf.String(), "2/4 probe pairs")
+	on.finish()
+	require.True(t, strings.HasSuffix(buf.String(), "\r"+strings.Repeat(" ", 72)+"\r"), "the bar is cleared")
+}
