@@ -43,12 +43,24 @@ func init() {
 // engines without).
 var calibHitMetrics = []string{"vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_hits"}
 
+// The source engine's counter of bytes its offloading connector stored from
+// GPU to CPU memory (vLLM's vllm:kv_offload_total_bytes, labelled by
+// transfer_type "GPU_to_CPU"): once it has risen after a seed, the seed's
+// blocks are in the CPU tier the P2P producer serves from.
+var (
+	calibOffloadMetrics = []string{"vllm:kv_offload_total_bytes_total", "vllm:kv_offload_total_bytes"}
+	calibOffloadLabel   = `transfer_type="gpu_to_cpu"`
+)
+
 // Errors of calibrate callers and tests branch on.
 var (
 	// errCalibNotVerified reports a pull the consumer's counter does not
 	// show: the P2P tier did not move the blocks (misconfigured connector,
 	// wrong P2P address, evicted seed), so its time is not a pull's.
 	errCalibNotVerified = errors.New("pull not verified")
+	// errCalibNotOffloaded reports a seed the source's offload counter
+	// does not show: its CPU tier did not store the blocks a pull needs.
+	errCalibNotOffloaded = errors.New("seed not offloaded")
 	// errCalibContaminated reports a recompute probe the consumer served
 	// from an external cache, which the fresh salt should have prevented
 	// (other traffic on the consumer).
@@ -59,6 +71,7 @@ type calibConfig struct {
 	Consumer        string // OpenAI-compatible base URL
 	Source          string
 	ConsumerMetrics string
+	SourceMetrics   string
 	SourceP2P       string // host:port the consumer pulls from
 	Model           string
 	Lengths         []int
@@ -108,6 +121,7 @@ func parseCalibrateFlags(args []string, stderr io.Writer) (calibConfig, error) {
 	fs.StringVar(&cfg.Consumer, "consumer", "", "the consumer pod's OpenAI-compatible URL, e.g. http://10.0.0.1:8000 (required)")
 	fs.StringVar(&cfg.Source, "source", "", "the source pod's OpenAI-compatible URL (required)")
 	fs.StringVar(&cfg.ConsumerMetrics, "consumer-metrics", "", "the consumer's Prometheus metrics URL (default: --consumer's /metrics)")
+	fs.StringVar(&cfg.SourceMetrics, "source-metrics", "", "the source's Prometheus metrics URL (default: --source's /metrics)")
 	fs.StringVar(&cfg.SourceP2P, "source-p2p", "", fmt.Sprintf("the source's P2P address HOST:PORT for remote_kv_source (default: --source's host, port %d)", picker.DefaultP2PPort))
 	fs.StringVar(&cfg.Model, "model", "", "the served model name (required)")
 	fs.Var((*calibIntList)(&cfg.Lengths), "lengths", "prefix lengths to measure, tokens (at least 3)")
@@ -117,7 +131,7 @@ func parseCalibrateFlags(args []string, stderr io.Writer) (calibConfig, error) {
 	fs.Float64Var(&cfg.MinMoved, "min-moved", 0.5, "fraction of a pulled prefix the consumer's external hit counter must show")
 	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "limit per request")
 	fs.DurationVar(&cfg.VerifyTimeout, "verify-timeout", 10*time.Second, "how long to wait for the consumer's counter to show a pull")
-	fs.DurationVar(&cfg.Settle, "settle", time.Second, "pause after seeding the source, for its CPU offload tier to store the blocks")
+	fs.DurationVar(&cfg.Settle, "settle", time.Second, "pause after seeding a source without vllm:kv_offload_total_bytes, for its CPU tier to store the blocks")
 	fs.StringVar(&cfg.Calibration, "calibration", "calibration.json", `write the samples here, the JSON "kvsource serve --calibration" reads ("" to skip)`)
 	fs.BoolVar(&cfg.JSON, "json", false, "print the results as JSON instead of a table")
 	prog := fs.String("progress", "auto", "progress bar on stderr: auto (on a terminal), always, never")
@@ -155,6 +169,9 @@ func parseCalibrateFlags(args []string, stderr io.Writer) (calibConfig, error) {
 	}
 	if cfg.ConsumerMetrics == "" {
 		cfg.ConsumerMetrics = cfg.Consumer + "/metrics"
+	}
+	if cfg.SourceMetrics == "" {
+		cfg.SourceMetrics = cfg.Source + "/metrics"
 	}
 	if cfg.SourceP2P == "" {
 		p, _ := url.Parse(cfg.Source)
@@ -491,10 +508,19 @@ func (c *calibClient) pair(ctx context.Context, n, repeat int) (rec, pull calibP
 
 	prompt = c.prompt(n)
 	salt = c.salt(n, repeat, "pull")
+	stored, counted, err := c.metric(ctx, c.cfg.SourceMetrics, calibOffloadMetrics, calibOffloadLabel)
+	if err != nil {
+		return rec, pull, fmt.Errorf("source metrics: %w", err)
+	}
 	if _, err = c.complete(ctx, c.cfg.Source, prompt, salt, nil); err != nil {
 		return rec, pull, fmt.Errorf("seeding %d tokens on %s: %w", n, c.cfg.Source, err)
 	}
-	if err := calibSleep(ctx, c.cfg.Settle); err != nil {
+	if counted {
+		err = c.waitOffloaded(ctx, stored, n)
+	} else {
+		err = calibSleep(ctx, c.cfg.Settle)
+	}
+	if err != nil {
 		return rec, pull, err
 	}
 	host, port, _ := calibSplitHostPort(c.cfg.SourceP2P)
@@ -538,8 +564,34 @@ func (c *calibClient) waitHits(ctx context.Context, before, want int) (int, erro
 			return now - before, ctx.Err()
 		case <-deadline.C:
 			return now - before, fmt.Errorf("%w: the consumer's %s rose by %d tokens in %v, want at least %d "+
-				"(check --source-p2p, that both pods run vLLM's P2P offload tier, and --settle for the source's CPU tier)",
+				"(check --source-p2p and that both pods run vLLM's P2P offload tier)",
 				errCalibNotVerified, calibHitMetrics[1], now-before, c.cfg.VerifyTimeout, want)
+		case <-tick.C:
+		}
+	}
+}
+
+// waitOffloaded waits until the source's offload counter has risen from
+// before: the seed of n tokens is in its CPU tier.
+func (c *calibClient) waitOffloaded(ctx context.Context, before float64, n int) error {
+	deadline := time.NewTimer(c.cfg.VerifyTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		now, _, err := c.metric(ctx, c.cfg.SourceMetrics, calibOffloadMetrics, calibOffloadLabel)
+		if err != nil {
+			return fmt.Errorf("source metrics: %w", err)
+		}
+		if now > before {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return fmt.Errorf("%w: the source's %s{%s} did not rise in %v after seeding %d tokens (is its offloading connector storing to CPU?)",
+				errCalibNotOffloaded, calibOffloadMetrics[1], calibOffloadLabel, c.cfg.VerifyTimeout, n)
 		case <-tick.C:
 		}
 	}
@@ -681,23 +733,9 @@ func (c *calibClient) serves(ctx context.Context, base string) error {
 // hits reads the consumer's external prefix-cache hit counter, in tokens,
 // summed over its series (engines, models).
 func (c *calibClient) hits(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.ConsumerMetrics, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := c.http.Do(req)
+	v, ok, err := c.metric(ctx, c.cfg.ConsumerMetrics, calibHitMetrics, "")
 	if err != nil {
 		return 0, fmt.Errorf("consumer metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("consumer metrics %s: HTTP %d", c.cfg.ConsumerMetrics, resp.StatusCode)
-	}
-	v, ok, err := calibSumMetric(resp.Body, calibHitMetrics)
-	if err != nil {
-		return 0, fmt.Errorf("consumer metrics %s: %w", c.cfg.ConsumerMetrics, err)
 	}
 	if !ok {
 		return 0, fmt.Errorf("consumer metrics %s: no %s (is a KV connector configured?)", c.cfg.ConsumerMetrics, calibHitMetrics[1])
@@ -705,9 +743,34 @@ func (c *calibClient) hits(ctx context.Context) (int, error) {
 	return int(v), nil
 }
 
+// metric reads the Prometheus exposition at u and sums the first of names
+// it has over the series whose labels contain label (all when "").
+func (c *calibClient) metric(ctx context.Context, u string, names []string, label string) (float64, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, false, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, false, fmt.Errorf("%s: HTTP %d", u, resp.StatusCode)
+	}
+	v, ok, err := calibSumMetric(resp.Body, names, label)
+	if err != nil {
+		return 0, false, fmt.Errorf("%s: %w", u, err)
+	}
+	return v, ok, nil
+}
+
 // calibSumMetric sums the samples of the first of names that the Prometheus
-// text exposition in r has.
-func calibSumMetric(r io.Reader, names []string) (float64, bool, error) {
+// text exposition in r has, over the series whose label set contains label,
+// ignoring case ("" matches every series).
+func calibSumMetric(r io.Reader, names []string, label string) (float64, bool, error) {
 	sums := make([]float64, len(names))
 	seen := make([]bool, len(names))
 	sc := bufio.NewScanner(r)
@@ -725,13 +788,16 @@ func calibSumMetric(r io.Reader, names []string) (float64, bool, error) {
 		if i < 0 {
 			continue
 		}
-		rest := line[end:]
+		rest, labels := line[end:], ""
 		if rest[0] == '{' {
 			j := strings.LastIndexByte(rest, '}')
 			if j < 0 {
 				return 0, false, fmt.Errorf("bad sample %.80q", line)
 			}
-			rest = rest[j+1:]
+			rest, labels = rest[j+1:], rest[:j+1]
+		}
+		if label != "" && !strings.Contains(strings.ToLower(labels), label) {
+			continue
 		}
 		fields := strings.Fields(rest)
 		if len(fields) == 0 {

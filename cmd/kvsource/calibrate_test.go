@@ -78,11 +78,17 @@ type calibSimPod struct {
 	// every completion with 503.
 	ignoreSource    bool
 	failCompletions bool
+	// noOffload makes the pod keep nothing in its CPU tier (its offload
+	// counter stays still); hideOffload drops the counter from /metrics
+	// (an engine without it: calibrate falls back to --settle).
+	noOffload   bool
+	hideOffload bool
 
 	mu       sync.Mutex
 	cached   map[uint64]bool
 	sessions map[string]bool
 	extHits  int
+	offBytes int
 	srv      *httptest.Server
 }
 
@@ -138,8 +144,12 @@ func (p *calibSimPod) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/metrics":
 		p.mu.Lock()
-		hits := p.extHits
+		hits, off := p.extHits, p.offBytes
 		p.mu.Unlock()
+		if !p.hideOffload {
+			fmt.Fprintf(w, "vllm:kv_offload_total_bytes_total{engine=\"0\",transfer_type=\"CPU_to_GPU\"} 7\n")
+			fmt.Fprintf(w, "vllm:kv_offload_total_bytes_total{engine=\"0\",transfer_type=\"GPU_to_CPU\"} %d\n", off)
+		}
 		fmt.Fprintf(w, "# HELP vllm:external_prefix_cache_hits_total External prefix cache hits.\n# TYPE vllm:external_prefix_cache_hits_total counter\n")
 		fmt.Fprintf(w, "vllm:external_prefix_cache_hits_total{engine=\"0\",model_name=%q} %d\n", p.model, hits)
 		fmt.Fprintf(w, "vllm:num_requests_waiting{engine=\"0\",model_name=%q} 0\n", p.model)
@@ -197,9 +207,12 @@ func (p *calibSimPod) serve(w http.ResponseWriter, r *http.Request) {
 		p.mu.Unlock()
 	}
 	p.net.advance(wait)
-	p.mu.Lock()
-	p.cached[key] = true
-	p.mu.Unlock()
+	if !p.noOffload {
+		p.mu.Lock()
+		p.cached[key] = true
+		p.offBytes += len(req.Prompt) / p.blockSize * 1024
+		p.mu.Unlock()
+	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	fmt.Fprintf(w, "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"x\",\"finish_reason\":null}]}\n\n")
 	w.(http.Flusher).Flush()
@@ -281,6 +294,17 @@ func TestCalibrateAgainstSimulatedPodsFindsTheCrossoverAndWritesServesCalibratio
 	require.Equal(t, *rep.MinCachedTokenDelta, cal.Threshold, "serve refits the same samples to the same threshold")
 }
 
+func TestCalibrateWithoutTheSourcesOffloadCounterSettlesInstead(t *testing.T) {
+	consumer, source := calibPair(t)
+	source.hideOffload = true
+	_, out, err := runCalibrateTest(t, calibArgs(consumer, source, "--json", "--calibration", "", "--repeats", "1", "--settle", "1ms"), consumer)
+	require.NoError(t, err)
+	var rep calibReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Len(t, rep.Rows, 4)
+	require.Equal(t, 1008, rep.Rows[0].MovedTokens)
+}
+
 func TestCalibratePrintsTheTableCrossoverAndRecommendation(t *testing.T) {
 	consumer, source := calibPair(t)
 	_, out, err := runCalibrateTest(t, calibArgs(consumer, source, "--calibration", "", "--repeats", "1"), consumer)
@@ -347,6 +371,13 @@ func TestCalibrateFailsClearly(t *testing.T) {
 		_, _, err := runCalibrateTest(t, args, consumer)
 		require.ErrorIs(t, err, errCalibNotVerified)
 	})
+	t.Run("a source that does not offload its seed says so", func(t *testing.T) {
+		consumer, source := calibPair(t)
+		source.noOffload = true
+		_, _, err := runCalibrateTest(t, calibArgs(consumer, source, "--verify-timeout", "200ms", "--calibration", ""), consumer)
+		require.ErrorIs(t, err, errCalibNotOffloaded)
+		require.ErrorContains(t, err, `vllm:kv_offload_total_bytes{transfer_type="gpu_to_cpu"} did not rise`)
+	})
 	t.Run("a consumer without the counter says so", func(t *testing.T) {
 		_, source := calibPair(t)
 		bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -396,14 +427,18 @@ vllm:external_prefix_cache_hits_total{engine="1",model_name="m, {x}"} 16 1700000
 vllm:external_prefix_cache_hits_created{engine="0"} 1.7e9
 vllm:external_prefix_cache_hits 5
 `
-	v, ok, err := calibSumMetric(strings.NewReader(text), calibHitMetrics)
+	v, ok, err := calibSumMetric(strings.NewReader(text), calibHitMetrics, "")
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, 48.0, v)
-	_, ok, err = calibSumMetric(strings.NewReader("other 1\n"), calibHitMetrics)
+	v, ok, err = calibSumMetric(strings.NewReader(text), calibHitMetrics, `engine="1"`)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 16.0, v, "only the series with the label")
+	_, ok, err = calibSumMetric(strings.NewReader("other 1\n"), calibHitMetrics, "")
 	require.NoError(t, err)
 	require.False(t, ok)
-	_, _, err = calibSumMetric(strings.NewReader("vllm:external_prefix_cache_hits_total{engine=\"0\"} x\n"), calibHitMetrics)
+	_, _, err = calibSumMetric(strings.NewReader("vllm:external_prefix_cache_hits_total{engine=\"0\"} x\n"), calibHitMetrics, "")
 	require.Error(t, err)
 }
 
