@@ -661,9 +661,21 @@ func (c *calibClient) complete(ctx context.Context, base string, prompt []uint32
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return 0, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
 	}
-	sc := bufio.NewScanner(resp.Body)
+	ttft, err := calibReadStream(resp.Body, func() time.Duration { return c.now().Sub(start) })
+	if err != nil {
+		return 0, err
+	}
+	return float64(ttft) / float64(time.Millisecond), nil
+}
+
+// calibReadStream reads a completion's server-sent events to the end and
+// returns elapsed() as of the first event carrying a choice: the first
+// token.
+func calibReadStream(r io.Reader, elapsed func() time.Duration) (time.Duration, error) {
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var ttft time.Duration
+	got := false
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data:")
 		if !ok {
@@ -671,10 +683,10 @@ func (c *calibClient) complete(ctx context.Context, base string, prompt []uint32
 		}
 		data = strings.TrimSpace(data)
 		if data == "[DONE]" {
-			if ttft == 0 {
+			if !got {
 				return 0, errors.New("stream ended without a token")
 			}
-			return float64(ttft) / float64(time.Millisecond), nil
+			return ttft, nil
 		}
 		var ev struct {
 			Choices []json.RawMessage `json:"choices"`
@@ -683,11 +695,11 @@ func (c *calibClient) complete(ctx context.Context, base string, prompt []uint32
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
 			return 0, fmt.Errorf("bad event %.80q: %w", data, err)
 		}
-		if len(ev.Error) > 0 {
-			return 0, fmt.Errorf("stream error: %s", ev.Error)
+		if len(ev.Error) > 0 && string(ev.Error) != "null" {
+			return 0, fmt.Errorf("stream error: %.200s", ev.Error)
 		}
-		if ttft == 0 && len(ev.Choices) > 0 {
-			ttft = c.now().Sub(start)
+		if !got && len(ev.Choices) > 0 {
+			ttft, got = elapsed(), true
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -456,3 +456,48 @@ func TestCalibrateProgressBarIsDrawnOnlyWhenOnAndCleared(t *testing.T) {
 	on.finish()
 	require.True(t, strings.HasSuffix(buf.String(), "\r"+strings.Repeat(" ", 72)+"\r"), "the bar is cleared")
 }
+
+func TestCalibReadStreamTimesTheFirstChoice(t *testing.T) {
+	clock := time.Duration(0)
+	elapsed := func() time.Duration { clock += time.Millisecond; return clock }
+	cases := []struct {
+		name, stream string
+		want         time.Duration
+		err          string
+	}{
+		{"first choice", ": ping\n\ndata: {\"choices\":[]}\n\ndata: {\"choices\":[{\"text\":\"a\"}],\"error\":null}\n\ndata: {\"choices\":[{\"text\":\"\"}]}\n\ndata: [DONE]\n\n", time.Millisecond, ""},
+		{"no token", "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", 0, "without a token"},
+		{"no end", "data: {\"choices\":[{\"text\":\"a\"}]}\n\n", 0, "without [DONE]"},
+		{"engine error", "data: {\"error\":{\"message\":\"boom\"}}\n\n", 0, "stream error"},
+		{"not JSON", "data: {\n\n", 0, "bad event"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clock = 0
+			got, err := calibReadStream(strings.NewReader(tc.stream), elapsed)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func FuzzCalibrateParsers(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n"))
+	f.Add([]byte("vllm:external_prefix_cache_hits_total{engine=\"0\",x=\"}\"} 12 17\n# HELP x\n"))
+	f.Add([]byte("vllm:kv_offload_total_bytes_total{transfer_type=\"GPU_to_CPU\"} 1e3\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if d, err := calibReadStream(bytes.NewReader(data), func() time.Duration { return time.Second }); err == nil {
+			require.Equal(t, time.Second, d, "a token was seen")
+		}
+		for _, label := range []string{"", calibOffloadLabel} {
+			if _, _, err := calibSumMetric(bytes.NewReader(data), calibOffloadMetrics, label); err != nil {
+				require.NotEmpty(t, err.Error())
+			}
+		}
+		_, _, _ = calibSumMetric(bytes.NewReader(data), calibHitMetrics, "")
+	})
+}
