@@ -54,7 +54,8 @@ var (
 type PrefetchConfig struct {
 	// TTL is how long a started prefetch suppresses another of the same
 	// session, prefix and destination, and how long one neither completed
-	// nor cancelled counts against its source. Default DefaultPrefetchTTL.
+	// nor cancelled counts against its source (the picker's InflightTTL
+	// ages it out first when shorter). Default DefaultPrefetchTTL.
 	TTL time.Duration
 	// MaxEntries bounds the prefetches started within one TTL (completed,
 	// cancelled or replaced ones included, until they expire); beyond it
