@@ -60,6 +60,16 @@
 // margin; its Model can also be set as Config.Cost to decide each request by
 // its predicted saving.
 //
+// # Prefetch
+//
+// A Prefetcher moves a session's known prefix to the pod its next request
+// will probably go to before that request arrives (an agent's tool call is
+// running), deciding by Pick's rule, counting the move against its source
+// like any pull, never moving the same prefix to the same pod twice for a
+// session, and forgetting it after a TTL. With vLLM as it is, the move is a
+// one-token completion of the prefix naming the source in
+// kv_transfer_params (Prefetch.Warmup).
+//
 // A steady-state Pick allocates only the decision's missing keys; Score with
 // a reused destination slice allocates nothing.
 package picker

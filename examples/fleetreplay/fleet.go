@@ -48,9 +48,19 @@ type runSpec struct {
 	// replay, when set, is the destination pod of every request: the other
 	// arm's placement, so both arms see the same placement.
 	replay []int
+	// armName, when set, names the arm instead of with/without P2P.
+	armName string
+	// finished, when set, sees every request's first token: a scenario
+	// whose requests follow one another (a session's turns) schedules the
+	// next there. Requests with a negative arrival are not scheduled at
+	// the start; such a hook schedules them.
+	finished func(f *fleet, r *request)
 }
 
 func (s *runSpec) arm() string {
+	if s.armName != "" {
+		return s.armName
+	}
 	if s.p2p {
 		return "with P2P"
 	}
@@ -75,6 +85,8 @@ type fleet struct {
 	res       *armResult
 	err       error
 	onDone    func()
+	// ctx is the run's context, for arrivals scheduled while it runs.
+	ctx context.Context
 	// audit, when set, sees every decision with the pods' true state.
 	audit func(r *request, dest *pod, d *picker.Decision)
 }
@@ -120,6 +132,7 @@ func newFleet(ctx context.Context, spec *runSpec, opt sdkOptions) (*fleet, error
 // placement it used.
 func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 	defer f.sdk.close()
+	f.ctx = ctx
 	if f.spec.warm != nil {
 		if err := f.spec.warm(f); err != nil {
 			return nil, nil, err
@@ -127,7 +140,9 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 	}
 	f.placed = make([]int, len(f.spec.reqs))
 	for _, r := range f.spec.reqs {
-		f.clk.at(r.arrival, func() { f.arrive(ctx, r) })
+		if r.arrival >= 0 {
+			f.clk.at(r.arrival, func() { f.arrive(ctx, r) })
+		}
 	}
 	for f.err == nil && f.clk.step() {
 		if err := ctx.Err(); err != nil {
@@ -261,6 +276,9 @@ func (f *fleet) nextDecode() *pod {
 func (f *fleet) finished(r *request) {
 	if f.onDone != nil {
 		f.onDone()
+	}
+	if f.spec.finished != nil {
+		f.spec.finished(f, r)
 	}
 }
 

@@ -119,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.minDelta, "min-delta", o.minDelta, "picker threshold: smallest pull worth it, in tokens")
 	fs.IntVar(&o.blockBytes, "block-bytes", o.blockBytes, "bytes of stand-in content per block that pulls move and verify")
 	fs.BoolVar(&o.hashCheck, "hash-check", o.hashCheck, "subscriber rehashes events that start at block 0 and checks agreement")
-	scen := fs.String("scenarios", strings.Join(o.scenarios, ","), "scenarios to run: fork, spill, control")
+	scen := fs.String("scenarios", strings.Join(o.scenarios, ","), "scenarios to run: fork, spill, control, prefetch")
 
 	fs.IntVar(&o.forkBranches, "fork-branches", o.forkBranches, "fork burst: subagents")
 	fs.IntVar(&o.forkPrefix, "fork-prefix", o.forkPrefix, "fork burst: shared prefix tokens")
@@ -144,6 +144,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cpuBlocks, "cpu-blocks", o.cpuBlocks, "load spill and control: CPU offload tier per pod, blocks")
 	fs.Var(costFlag{&o.spillCost}, "spill-cost", "load spill and control cost model, seconds: "+strings.Join(costKeys, "=,")+"=")
 	fs.Float64Var(&o.controlRate, "control-rate", o.controlRate, "negative control: offered req/s")
+	o.pf.register(fs)
 
 	fs.BoolVar(&o.samePods, "same-pods", false, "place each request of the P2P arm on the pod the baseline arm's router chose (default: both arms run the placement policy live)")
 	fs.StringVar(&o.outDir, "out", o.outDir, "directory for the plots")

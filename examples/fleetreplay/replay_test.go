@@ -74,6 +74,7 @@ func (a *auditor) check(r *request, dest *pod, d *picker.Decision) {
 
 func TestReplayReproducesThePublishedShape(t *testing.T) {
 	o := shortOptions(t)
+	o.scenarios = []string{"fork", "spill", "control"}
 	// The in-memory transport keeps this fast under the race detector;
 	// TestTransportsAgree shows vLLM's P2P protocol replays identically.
 	o.transport = "fake"

@@ -44,6 +44,7 @@ type options struct {
 	cpuBlocks    int
 	spillCost    CostModel
 	controlRate  float64
+	pf           prefetchOptions
 	blockBytes   int
 	hashCheck    bool
 	scenarios    []string
@@ -89,10 +90,11 @@ func defaultOptions() options {
 		cpuBlocks:    44000,
 		spillCost:    llama8B,
 		controlRate:  8,
+		pf:           defaultPrefetchOptions(),
 
 		blockBytes: 512,
 		hashCheck:  true,
-		scenarios:  []string{"fork", "spill", "control"},
+		scenarios:  []string{"fork", "spill", "control", "prefetch"},
 		outDir:     "out",
 		plots:      true,
 	}
@@ -115,8 +117,10 @@ func (o *options) scenarioList() ([]*scenario, error) {
 			out = append(out, o.spillScenario())
 		case "control":
 			out = append(out, o.controlScenario())
+		case "prefetch":
+			out = append(out, o.prefetchScenario())
 		default:
-			return nil, fmt.Errorf("unknown scenario %q (want fork, spill, control)", name)
+			return nil, fmt.Errorf("unknown scenario %q (want fork, spill, control, prefetch)", name)
 		}
 	}
 	return out, nil
@@ -229,6 +233,9 @@ func (o *options) validate() error {
 		if !c.ok {
 			return errors.New(c.msg)
 		}
+	}
+	if err := o.pf.validate(o.hashing.BlockSize); err != nil {
+		return err
 	}
 	// A tier must hold a few whole prompts, or requests evict their own
 	// blocks while they run.
