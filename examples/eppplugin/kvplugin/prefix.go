@@ -151,6 +151,7 @@ var ErrConfig = errors.New("kvplugin: bad configuration")
 type PrefixProducer struct {
 	typedName plugin.TypedName
 	dk        plugin.DataKey
+	dkName    string // dk.String(), the attribute endpoints carry the match under
 	promptKey string
 	hasher    *hashing.Hasher
 	idx       *index.Index
@@ -178,6 +179,9 @@ func PrefixFactory(subscribe SubscribeFunc) plugin.FactoryFunc {
 			if err := parameters.Decode(&cfg); err != nil {
 				return nil, fmt.Errorf("%w: %s: %w", ErrConfig, PrefixProducerType, err)
 			}
+		}
+		if handle == nil {
+			return nil, fmt.Errorf("%w: %s %q: no plugin handle", ErrConfig, PrefixProducerType, name)
 		}
 		p, err := NewPrefixProducer(name, cfg, nil)
 		if err != nil {
@@ -262,6 +266,7 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 	p := &PrefixProducer{
 		typedName: plugin.TypedName{Type: PrefixProducerType, Name: name},
 		dk:        attrprefix.PrefixCacheMatchInfoDataKey.WithNonEmptyProducerName(name),
+		dkName:    attrprefix.PrefixCacheMatchInfoDataKey.WithNonEmptyProducerName(name).String(),
 		promptKey: PrefixProducerType + "/" + name + "/prompt",
 		hasher:    h,
 		idx:       idx,
@@ -330,10 +335,22 @@ func (p *PrefixProducer) Consumes() plugin.DataDependencies {
 }
 
 // prompt is a single-prompt request's block keys, stashed on the request for
-// the source producer.
+// the source producer, with the candidates they were scored for and their
+// holders, which the source producer reuses when it sees the same ones.
 type prompt struct {
-	model string
-	keys  []uint64
+	model   string
+	keys    []uint64
+	metas   []*datalayer.EndpointMetadata // per endpoint
+	holders []index.Holder                // per endpoint; zero for one without metadata
+}
+
+// holderAt returns the holder of endpoint i of a list the source producer
+// sees, reusing the one computed here when it is the same endpoint.
+func (pr *prompt) holderAt(i int, md *datalayer.EndpointMetadata) index.Holder {
+	if i < len(pr.metas) && pr.metas[i] == md {
+		return pr.holders[i]
+	}
+	return holderOf(md)
 }
 
 // Produce implements requestcontrol.DataProducer: it hashes the request's
@@ -344,18 +361,24 @@ func (p *PrefixProducer) Produce(_ context.Context, request *scheduling.Inferenc
 		return nil
 	}
 	tp := request.Body.TokenizedPrompt
+	// One accumulator per endpoint with metadata, found by holder.
 	cands := make([]picker.Candidate, 0, len(endpoints))
-	for _, ep := range endpoints {
+	accs := make([]match, len(endpoints))
+	slot := make(map[index.Holder]int, len(endpoints))
+	holders := make([]index.Holder, len(endpoints))
+	metas := make([]*datalayer.EndpointMetadata, len(endpoints))
+	for i, ep := range endpoints {
 		if md := ep.GetMetadata(); md != nil {
-			cands = append(cands, picker.Candidate{Holder: holderOf(md)})
+			h := holderOf(md)
+			cands = append(cands, picker.Candidate{Holder: h})
+			slot[h] = i
+			holders[i], metas[i] = h, md
 		}
 	}
 	total := 0
-	var (
-		matches map[index.Holder]*attrAcc
-		scores  []picker.Score
-		single  *prompt
-	)
+	var single *prompt
+	sp := scoresPool.Get().(*[]picker.Score)
+	defer scoresPool.Put(sp)
 	for i, tokens := range tp.PerPromptTokens {
 		hr := hashing.Request{Tokens: tokens, CacheSalt: tp.CacheSalt}
 		if len(tp.PerPromptTokens) == 1 {
@@ -371,40 +394,33 @@ func (p *PrefixProducer) Produce(_ context.Context, request *scheduling.Inferenc
 			continue
 		}
 		total += len(keys)
-		scores, err = p.scorer.Score(picker.Request{Model: request.TargetModel, Keys: keys, Candidates: cands}, scores)
+		*sp, err = p.scorer.Score(picker.Request{Model: request.TargetModel, Keys: keys, Candidates: cands}, *sp)
 		if err != nil {
 			return fmt.Errorf("%s: request %s: %w", p.typedName, request.RequestID, err)
 		}
-		if matches == nil {
-			matches = make(map[index.Holder]*attrAcc, len(scores))
-		}
-		for j := range scores {
-			s := &scores[j]
-			a := matches[s.Holder]
-			if a == nil {
-				a = &attrAcc{byTier: map[string]int{}}
-				matches[s.Holder] = a
+		for j := range *sp {
+			s := &(*sp)[j]
+			if k, ok := slot[s.Holder]; ok {
+				accs[k].add(s)
 			}
-			a.add(s)
 		}
 		if len(tp.PerPromptTokens) == 1 {
-			single = &prompt{model: request.TargetModel, keys: keys}
+			single = &prompt{model: request.TargetModel, keys: keys, metas: metas, holders: holders}
 		}
 	}
 	if total == 0 {
 		return nil
 	}
 	bs := p.hasher.Config().BlockSize
-	for _, ep := range endpoints {
-		md := ep.GetMetadata()
-		if md == nil {
+	for i, ep := range endpoints {
+		if ep.GetMetadata() == nil {
 			continue
 		}
-		a := matches[holderOf(md)]
-		if a == nil {
-			a = &attrAcc{byTier: map[string]int{}}
+		a := &accs[i]
+		if a.byTier == nil {
+			a.byTier = map[string]int{}
 		}
-		ep.Put(p.dk.String(), attrprefix.NewPrefixCacheMatchInfo(int(a.score), total, bs).
+		ep.Put(p.dkName, attrprefix.NewPrefixCacheMatchInfo(int(a.score), total, bs).
 			WithCachedBlockCount(a.blocks).
 			WithCachedBlocksByTier(a.byTier))
 	}
@@ -414,21 +430,41 @@ func (p *PrefixProducer) Produce(_ context.Context, request *scheduling.Inferenc
 	return nil
 }
 
-// attrAcc sums one endpoint's match over a request's prompts.
-type attrAcc struct {
+// scoresPool recycles Score's result slices, and their Tiers, across
+// requests.
+var scoresPool = sync.Pool{New: func() any { return new([]picker.Score) }}
+
+// match sums one endpoint's match over a request's prompts.
+type match struct {
 	score  float64
 	blocks int
-	byTier map[string]int
+	byTier map[string]int // owned by the PrefixCacheMatchInfo it ends in
 }
 
-func (a *attrAcc) add(s *picker.Score) {
+func (a *match) add(s *picker.Score) {
 	a.score += s.Score
 	a.blocks += s.Blocks
 	for _, t := range s.Tiers {
-		if t.Blocks > 0 {
-			a.byTier[strings.ToLower(t.Tier)] += t.Blocks
+		if t.Blocks == 0 {
+			continue
 		}
+		if a.byTier == nil {
+			a.byTier = make(map[string]int, len(s.Tiers))
+		}
+		a.byTier[lowerTier(t.Tier)] += t.Blocks
 	}
+}
+
+// lowerTier is a tier's name as llm-d writes it, without allocating for
+// vLLM's two.
+func lowerTier(t string) string {
+	switch t {
+	case index.TierGPU:
+		return "gpu"
+	case index.TierCPU:
+		return "cpu"
+	}
+	return strings.ToLower(t)
 }
 
 // promptOf returns the keys Produce stashed on a single-prompt request.

@@ -18,7 +18,6 @@ import (
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/requestcontrol"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/scheduling"
 	attrprefix "github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/plugins/datalayer/attribute/prefix"
-	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
 )
 
@@ -104,6 +103,9 @@ func SourceFactory(name string, parameters *json.Decoder, handle plugin.Handle) 
 	cfg, err := parseSourceConfig(parameters)
 	if err != nil {
 		return nil, err
+	}
+	if handle == nil {
+		return nil, fmt.Errorf("%w: %s %q: no plugin handle", ErrConfig, SourceProducerType, name)
 	}
 	prefix, err := plugin.PluginByType[*PrefixProducer](handle, cfg.PrefixMatchInfoProducerName)
 	if err != nil {
@@ -239,12 +241,11 @@ func (p *SourceProducer) Consumes() plugin.DataDependencies {
 	return plugin.DataDependencies{Required: map[plugin.DataKey]any{p.consumes: attrprefix.PrefixCacheMatchInfo{}}}
 }
 
-// stash is what Produce leaves for PreRequest: the prompt, the candidate
-// sources with their load, and each one's address.
+// stash is what Produce leaves for PreRequest: the prompt and the candidate
+// sources with their load. A holder's Pod is the endpoint's host:port.
 type stash struct {
 	prompt *prompt
 	cands  []picker.Candidate
-	addrs  map[index.Holder]string
 }
 
 // Produce implements requestcontrol.DataProducer: it records the candidate
@@ -254,19 +255,17 @@ func (p *SourceProducer) Produce(_ context.Context, request *scheduling.Inferenc
 	if !ok {
 		return nil
 	}
-	st := &stash{prompt: pr, cands: make([]picker.Candidate, 0, len(endpoints)), addrs: make(map[index.Holder]string, len(endpoints))}
-	for _, ep := range endpoints {
+	st := &stash{prompt: pr, cands: make([]picker.Candidate, 0, len(endpoints))}
+	for i, ep := range endpoints {
 		md := ep.GetMetadata()
 		if md == nil {
 			continue
 		}
-		h := holderOf(md)
 		waiting := 0
 		if m := ep.GetMetrics(); m != nil {
 			waiting = m.WaitingQueueSize
 		}
-		st.cands = append(st.cands, picker.Candidate{Holder: h, Waiting: waiting})
-		st.addrs[h] = hostPort(md)
+		st.cands = append(st.cands, picker.Candidate{Holder: pr.holderAt(i, md), Waiting: waiting})
 	}
 	// No candidates would let the picker consider every holder it knows,
 	// endpoints of this request or not.
@@ -297,7 +296,7 @@ func (p *SourceProducer) computing(res *scheduling.SchedulingResult) scheduling.
 // its missing prefix and from which candidate, and names that candidate in
 // the header. It never fails the request: without a decision the prompt is
 // computed, as without the plugin.
-func (p *SourceProducer) PreRequest(_ context.Context, request *scheduling.InferenceRequest, res *scheduling.SchedulingResult) error {
+func (p *SourceProducer) PreRequest(ctx context.Context, request *scheduling.InferenceRequest, res *scheduling.SchedulingResult) error {
 	delete(request.Headers, routing.KVCacheSourceHeader)
 	// A request scheduled again gives its earlier pull back.
 	if old, ok := scheduling.ReadRequestAttribute[*inflight](request, p.pullKey); ok {
@@ -324,17 +323,16 @@ func (p *SourceProducer) PreRequest(_ context.Context, request *scheduling.Infer
 		return nil
 	}
 	p.decisions.WithLabelValues(string(d.Reason)).Inc()
-	p.log.Debug("kvsource: pull decision", "request", request.RequestID, "computing", hostPort(md),
-		"reason", d.Reason, "source", d.Source.String(), "cached_blocks", d.Cached, "pull_blocks", d.Gain)
+	if p.log.Enabled(ctx, slog.LevelDebug) {
+		p.log.Debug("kvsource: pull decision", "request", request.RequestID, "computing", hostPort(md),
+			"reason", d.Reason, "source", d.Source.String(), "cached_blocks", d.Cached, "pull_blocks", d.Gain)
+	}
 	if d.Reason != picker.ReasonPull {
 		return nil
 	}
-	// Sources are restricted to the candidates, whose addresses are known.
-	addr, ok := st.addrs[d.Source]
-	if !ok {
-		d.Done()
-		return nil
-	}
+	// Sources are among the candidates: the source's Pod is its endpoint's
+	// host:port, net.JoinHostPort(Address, Port).
+	addr := d.Source.Pod
 	if request.Headers == nil {
 		request.Headers = map[string]string{}
 	}
