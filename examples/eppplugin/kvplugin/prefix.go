@@ -226,7 +226,7 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		}
 		hc.Algo = hashing.Content
 	} else if hc.Algo == hashing.Content {
-		return nil, bad("hashAlgo %q is set with contentKeys: true", cfg.HashAlgo)
+		return nil, bad("hashAlgo %q: set contentKeys: true instead", cfg.HashAlgo)
 	}
 	h, err := hashing.New(hc)
 	if err != nil {

@@ -238,6 +238,7 @@ func TestPrefixFactory(t *testing.T) {
 		{name: "content keys", params: `{"contentKeys":true}`, wantBlock: 16, wantAlgo: hashing.Content,
 			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}},
 		{name: "content keys and an algorithm are refused", params: `{"contentKeys":true,"hashAlgo":"sha256"}`, wantErr: "contentKeys replaces hashAlgo"},
+		{name: "content as an algorithm is refused", params: `{"hashAlgo":"content"}`, wantErr: "set contentKeys: true instead"},
 		{name: "an xxhash algorithm without a seed is refused", params: `{"hashAlgo":"xxhash"}`, wantErr: "seed"},
 		{name: "an unknown algorithm is refused", params: `{"hashAlgo":"md5"}`, wantErr: "unknown algorithm"},
 		{name: "speculative indexing is refused", params: `{"speculativeIndexing":true}`, wantErr: "speculativeIndexing is not supported"},
