@@ -1,7 +1,10 @@
+//go:build cgo
+
 // Package zmqevents is the prefix producer's KV event transport: vLLM's
 // ZMQ publishers, received by kvsource's events.Subscriber. It is the one
-// part of the plugins that needs cgo (libzmq); the EPP's main registers the
-// plugins with it:
+// part of the plugins that needs cgo (libzmq), and builds only with it, so
+// that `CGO_ENABLED=0 go test ./examples/eppplugin/...` tests the rest. The
+// EPP's main registers the plugins with it:
 //
 //	kvplugin.Register(zmqevents.Subscribe)
 package zmqevents
