@@ -15,8 +15,7 @@ import (
 // EPP's request path. Reported per request; allocs include the
 // PrefixCacheMatchInfo written to each candidate, which the API requires.
 func BenchmarkRequestPath(b *testing.B) {
-	t := &testing.T{}
-	w := newWorld(t, SourceConfig{})
+	w := newWorld(b, SourceConfig{})
 	var eps []scheduling.Endpoint
 	for i := range 8 {
 		ep := endpoint(ip(i+1), i)

@@ -29,7 +29,7 @@ const (
 // source producer on top of it, and one prompt of promptBlocks full blocks
 // (plus a partial one) whose keys the test stores for chosen endpoints.
 type world struct {
-	t      *testing.T
+	t      testing.TB
 	idx    *index.Index
 	prefix *PrefixProducer
 	src    *SourceProducer
@@ -37,7 +37,7 @@ type world struct {
 	keys   []uint64
 }
 
-func newWorld(t *testing.T, cfg SourceConfig) *world {
+func newWorld(t testing.TB, cfg SourceConfig) *world {
 	t.Helper()
 	pcfg := DefaultPrefixConfig()
 	pcfg.TokenProcessorConfig = &TokenProcessorConfig{BlockSizeTokens: testBlockSize}
