@@ -138,6 +138,8 @@ func BenchmarkLookupUnderIngest(b *testing.B) {
 	// other processes, which on a shared machine sets the wall-time tail.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
 	b.ResetTimer()
 	began := time.Now()
 	for b.Loop() {
@@ -150,6 +152,12 @@ func BenchmarkLookupUnderIngest(b *testing.B) {
 	elapsed := time.Since(began)
 	stop.Store(true)
 	wg.Wait()
+	runtime.ReadMemStats(&ms1)
+	// Garbage per write and GC cycles per million writes: what the index
+	// does to the GC, whatever the machine's load does to wall times.
+	w := float64(writes.Load())
+	b.ReportMetric(float64(ms1.TotalAlloc-ms0.TotalAlloc)/w, "alloc-B/write")
+	b.ReportMetric(float64(ms1.NumGC-ms0.NumGC)/w*1e6, "gc/Mwrite")
 	b.ReportMetric(float64(lat.quantile(0.5)), "p50-ns")
 	b.ReportMetric(float64(lat.quantile(0.99)), "p99-ns")
 	if cpu.quantile(0.5) > 0 {
