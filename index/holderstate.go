@@ -402,7 +402,12 @@ func (ts *tierState) ancestors(t *table, marks []uint32) ([]uint32, int) {
 // writer's garbage, and garbage is what brings the GC cycles that slow
 // concurrent lookups. A pool rather than a per-holder buffer, which would
 // cost 4 bytes per slot of every holder.
+// Maps past maxPooledRemap slots (256 KiB) are left to the GC, so that the
+// pool does not keep a big table's map alive for a GC cycle or two after
+// its rebuild.
 var remapPool = sync.Pool{New: func() any { return new([]uint32) }}
+
+const maxPooledRemap = 1 << 16
 
 // rehash rebuilds tier ti's table with room for extra more slots, dropping
 // slots that are neither held nor an ancestor of a held slot, and publishes
@@ -414,9 +419,13 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	// remap[i] becomes slot i's new index + 1; first it marks the unheld
 	// slots to keep with 1.
 	rp := remapPool.Get().(*[]uint32)
-	defer remapPool.Put(rp)
 	remap, kept := ts.ancestors(old, *rp)
-	*rp = remap
+	defer func() {
+		if cap(remap) <= maxPooledRemap {
+			*rp = remap
+			remapPool.Put(rp)
+		}
+	}()
 	kept += int(ts.live)
 	size := tableSizeFor(kept + extra)
 	if size <= len(old.slots) {
