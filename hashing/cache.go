@@ -174,15 +174,18 @@ func (c *Cache) Stats() CacheStats {
 	return st
 }
 
-// cacheScratch is BlockKeys' per-call working memory.
+// cacheScratch is BlockKeys' per-call working memory: the content pass's
+// byte image of the prompt and its offsets.
 type cacheScratch struct {
+	buf []byte
+	hdr []int32 // per checkpoint segment, the offset of its header in buf
+	end []int32 // per block, the offset after its bytes in buf
 	ck  []xxh3.Uint128
 	cur []int32
-	buf []byte
 	mm  []int
 }
 
-var cacheScratchPool = sync.Pool{New: func() any { return &cacheScratch{buf: make([]byte, 0, 256)} }}
+var cacheScratchPool = sync.Pool{New: func() any { return new(cacheScratch) }}
 
 // BlockKeys is h.BlockKeys(dst, req), served from the cache as far as a
 // remembered chain covers req's leading blocks; req's chain is remembered
@@ -203,10 +206,11 @@ func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error
 	}
 	s := cacheScratchPool.Get().(*cacheScratch)
 	defer cacheScratchPool.Put(s)
-	c.contentKeys(h, s, req.Tokens[:n*bs], &d, req.Extra)
+	c.contentPass(h, s, req.Tokens[:n*bs], &d, req.Extra)
 
-	hit, pos := c.probe(s.ck)
-	own := &c.shards[s.ck[n-1].Lo&(cacheShards-1)]
+	hit, pos := c.probe(s, n)
+	endKey := c.keyAt(s, n-1)
+	own := &c.shards[endKey.Lo&(cacheShards-1)]
 	own.requests.Add(1)
 	own.hits.Add(int64(pos + 1))
 	own.misses.Add(int64(n - pos - 1))
@@ -246,24 +250,33 @@ func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error
 	}
 	dst = out.keys
 	ch.keys = append(make([]uint64, 0, n), dst...)
-	for i := checkpointEvery - 1; i < n; i += checkpointEvery {
-		ch.entries = append(ch.entries, s.ck[i].Lo)
+	his := make([]uint64, 0, n/checkpointEvery+1)
+	for _, k := range s.ck {
+		ch.entries = append(ch.entries, k.Lo)
+		his = append(his, k.Hi)
 	}
 	if n%checkpointEvery != 0 {
-		ch.entries = append(ch.entries, s.ck[n-1].Lo)
+		ch.entries = append(ch.entries, endKey.Lo)
+		his = append(his, endKey.Hi)
 	}
 	ch.bytes = chainOverhead + int64(8*n+len(ch.digests)*(len(Digest{}.b)+1)+(8+entryOverhead)*len(ch.entries))
-	c.insert(own, ch, s.ck)
+	c.insert(own, ch, his)
 	return dst, nil
 }
 
-// contentKeys fills s.ck with the content key of every block of tokens,
-// which are whole blocks, and with multimodal items s.cur with the cursor
-// after each block.
-func (c *Cache) contentKeys(h *Hasher, s *cacheScratch, tokens []uint32, d *derived, extra [][]ExtraKey) {
+// contentPass lays out the content of tokens, which are whole blocks, in
+// s.buf: per segment of checkpointEvery blocks, a 16-byte header holding
+// the content key of the block before the segment (for the first, a key of
+// the Hasher's configuration), then per block its tokens (uint32 LE) and
+// its extra keys (Content's encoding, or its None tag). The content key of
+// block p is XXH3-128 of its segment's bytes from the header to p's end:
+// it covers every block up to p. contentPass fills s.ck with the keys of
+// the segments' last blocks, the checkpoints, and with multimodal items
+// s.cur with the cursor after each block.
+func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *derived, extra [][]ExtraKey) {
 	bs := h.cfg.BlockSize
 	n := len(tokens) / bs
-	s.ck, s.cur = s.ck[:0], s.cur[:0]
+	s.ck, s.cur, s.hdr, s.end = s.ck[:0], s.cur[:0], s.hdr[:0], s.end[:0]
 	b := s.buf[:0]
 	b = append(b, "kvsource cache\x00"...)
 	b = append(b, h.cfg.Algo...)
@@ -272,45 +285,61 @@ func (c *Cache) contentKeys(h *Hasher, s *cacheScratch, tokens []uint32, d *deri
 	b = append(b, h.cfg.Seed...)
 	b = binary.LittleEndian.AppendUint64(b, uint64(bs))
 	prev := xxh3.Hash128Seed(b, c.seed)
-	// A block is its parent's content key, its tokens (uint32 LE) and, when
-	// it has extra keys, Content's encoding of them: the length tells the
-	// two forms apart.
+	b = slices.Grow(b[:0], (n/checkpointEvery+1)*16+n*(4*bs+1))
 	var ex extraSource
 	var cur mmCursor
 	plain := extra == nil && d.lora == "" && d.salt == "" && len(d.mm) == 0
-	width := 16 + 4*bs
-	b = slices.Grow(b[:0], width)[:width]
 	for i := range n {
+		if i%checkpointEvery == 0 {
+			s.hdr = append(s.hdr, int32(len(b)))
+			b = binary.LittleEndian.AppendUint64(b, prev.Hi)
+			b = binary.LittleEndian.AppendUint64(b, prev.Lo)
+		}
 		start := i * bs
-		binary.LittleEndian.PutUint64(b[0:8], prev.Hi)
-		binary.LittleEndian.PutUint64(b[8:16], prev.Lo)
-		putTokens(b[16:width], tokens[start:start+bs])
-		b = b[:width]
-		if !plain {
+		o := len(b)
+		b = slices.Grow(b, 4*bs+1)[:o+4*bs] // extra keys may outgrow the estimate
+		putTokens(b[o:], tokens[start:start+bs])
+		if plain {
+			b = append(b, ctNone)
+		} else {
 			s.mm = d.blockExtra(&ex, s.mm, &cur, extra, i, start, bs)
 			if ex.count() > 0 {
 				b = appendContentExtra(b, &ex)
+			} else {
+				b = append(b, ctNone)
+			}
+			if len(d.mm) > 0 {
+				s.cur = append(s.cur, int32(cur.idx))
 			}
 		}
-		prev = xxh3.Hash128Seed(b, c.seed)
-		s.ck = append(s.ck, prev)
-		if len(d.mm) > 0 {
-			s.cur = append(s.cur, int32(cur.idx))
+		s.end = append(s.end, int32(len(b)))
+		if i%checkpointEvery == checkpointEvery-1 {
+			prev = xxh3.Hash128Seed(b[s.hdr[i/checkpointEvery]:], c.seed)
+			s.ck = append(s.ck, prev)
 		}
 	}
 	s.buf = b
 }
 
+// keyAt returns the content key of block p of the prompt contentPass laid
+// out in s.
+func (c *Cache) keyAt(s *cacheScratch, p int) xxh3.Uint128 {
+	if p%checkpointEvery == checkpointEvery-1 {
+		return s.ck[p/checkpointEvery]
+	}
+	return xxh3.Hash128Seed(s.buf[s.hdr[p/checkpointEvery]:s.end[p]], c.seed)
+}
+
 // probe returns the remembered chain that covers the most leading blocks of
-// the prompt whose content keys are ck, and the position of the last block
-// it covers; nil and -1 when none does. A chain enters its checkpoints, so
-// the furthest checkpoint found bounds where a chain could end.
-func (c *Cache) probe(ck []xxh3.Uint128) (*cachedChain, int) {
-	n := len(ck)
+// the n-block prompt laid out in s, and the position of the last block it
+// covers; nil and -1 when none does. A chain enters its checkpoints, so the
+// furthest checkpoint found bounds where a chain could end.
+func (c *Cache) probe(s *cacheScratch, n int) (*cachedChain, int) {
 	var best *cachedChain
 	pos := -1
-	for i := (n/checkpointEvery)*checkpointEvery - 1; i >= 0; i -= checkpointEvery {
-		if ch := c.lookup(ck[i], i); ch != nil {
+	for j := len(s.ck) - 1; j >= 0; j-- {
+		i := j*checkpointEvery + checkpointEvery - 1
+		if ch := c.lookup(s.ck[j], i); ch != nil {
 			best, pos = ch, i
 			break
 		}
@@ -319,7 +348,7 @@ func (c *Cache) probe(ck []xxh3.Uint128) (*cachedChain, int) {
 		if i%checkpointEvery == checkpointEvery-1 {
 			continue
 		}
-		if ch := c.lookup(ck[i], i); ch != nil {
+		if ch := c.lookup(c.keyAt(s, i), i); ch != nil {
 			return ch, i
 		}
 	}
@@ -337,9 +366,9 @@ func (c *Cache) lookup(k xxh3.Uint128, pos int) *cachedChain {
 	return e.chain
 }
 
-// insert enters ch, owned by shard own, and evicts own's oldest chains past
-// its budget.
-func (c *Cache) insert(own *cacheShard, ch *cachedChain, ck []xxh3.Uint128) {
+// insert enters ch, owned by shard own, with his the high halves of its
+// entries' content keys, and evicts own's oldest chains past its budget.
+func (c *Cache) insert(own *cacheShard, ch *cachedChain, his []uint64) {
 	if ch.bytes > c.budget {
 		return
 	}
@@ -351,7 +380,7 @@ func (c *Cache) insert(own *cacheShard, ch *cachedChain, ck []xxh3.Uint128) {
 		}
 		s := &c.shards[lo&(cacheShards-1)]
 		s.mu.Lock()
-		s.m[lo] = cacheEntry{hi: ck[pos].Hi, chain: ch, pos: int32(pos)}
+		s.m[lo] = cacheEntry{hi: his[j], chain: ch, pos: int32(pos)}
 		s.mu.Unlock()
 	}
 	own.emu.Lock()
