@@ -119,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.minDelta, "min-delta", o.minDelta, "picker threshold: smallest pull worth it, in tokens")
 	fs.IntVar(&o.blockBytes, "block-bytes", o.blockBytes, "bytes of stand-in content per block that pulls move and verify")
 	fs.BoolVar(&o.hashCheck, "hash-check", o.hashCheck, "subscriber rehashes events that start at block 0 and checks agreement")
-	scen := fs.String("scenarios", strings.Join(o.scenarios, ","), "scenarios to run: fork, spill, control")
+	scen := fs.String("scenarios", strings.Join(o.scenarios, ","), "scenarios to run: "+strings.Join(scenarioNames(), ", "))
 
 	fs.IntVar(&o.forkBranches, "fork-branches", o.forkBranches, "fork burst: subagents")
 	fs.IntVar(&o.forkPrefix, "fork-prefix", o.forkPrefix, "fork burst: shared prefix tokens")
@@ -259,7 +259,10 @@ func plotScenario(dir string, s *scenarioResult) error {
 	for i := 0; i+1 < len(s.Arms); i += 2 {
 		arms := s.Arms[i : i+2]
 		base, title := s.Name, s.Title
-		if arms[0].Rate > 0 {
+		if v := arms[0].Variant; v != "" {
+			base = s.Name + "-" + strings.ReplaceAll(v, " ", "-")
+			title = fmt.Sprintf("%s, %s", strings.SplitN(s.Title, ":", 2)[0], v)
+		} else if arms[0].Rate > 0 {
 			base = fmt.Sprintf("%s-%grps", s.Name, arms[0].Rate)
 			title = fmt.Sprintf("%s, %g req/s", strings.SplitN(s.Title, ":", 2)[0], arms[0].Rate)
 		} else {

@@ -26,6 +26,7 @@ import (
 // charge the same time for it.
 func shortOptions(t *testing.T) *options {
 	o := defaultOptions()
+	o.scenarios = []string{"fork", "spill", "control"}
 	o.rates = []float64{8, 16}
 	o.duration = 12
 	o.plots = false
@@ -151,7 +152,7 @@ func TestFinishedArmReleasesItsFleet(t *testing.T) {
 	// stay live with them (gigabytes over the default load spill).
 	o := shortOptions(t)
 	o.forkBranches = 8
-	spec := o.forkScenario().spec(0, true)
+	spec := o.forkScenario().spec(point{}, true)
 	f, err := newFleet(context.Background(), spec, sdkOptions{transport: "fake"})
 	require.NoError(t, err)
 	res, _, err := f.run(context.Background())

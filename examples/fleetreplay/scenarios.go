@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/kvsource/kvsource/hashing"
@@ -44,15 +45,23 @@ type options struct {
 	cpuBlocks    int
 	spillCost    CostModel
 	controlRate  float64
-	blockBytes   int
-	hashCheck    bool
-	scenarios    []string
-	outDir       string
-	jsonPath     string
-	tracePath    string
-	samePods     bool
-	cpuProfile   string
-	logger       *slog.Logger
+
+	// The study's further scenarios (study.go).
+	studyScale         int
+	pdConversations    int
+	pdTurnsMax         int
+	stormConversations int
+	stormAt            float64
+	stormWindow        float64
+	blockBytes         int
+	hashCheck          bool
+	scenarios          []string
+	outDir             string
+	jsonPath           string
+	tracePath          string
+	samePods           bool
+	cpuProfile         string
+	logger             *slog.Logger
 	// audit, when set, sees every pick decision with the pods' true state
 	// (tests).
 	audit        func(r *request, dest *pod, d *picker.Decision)
@@ -90,9 +99,16 @@ func defaultOptions() options {
 		spillCost:    llama8B,
 		controlRate:  8,
 
+		studyScale:         8,
+		pdConversations:    24,
+		pdTurnsMax:         40,
+		stormConversations: 24,
+		stormAt:            60,
+		stormWindow:        30,
+
 		blockBytes: 512,
 		hashCheck:  true,
-		scenarios:  []string{"fork", "spill", "control"},
+		scenarios:  scenarioNames(),
 		outDir:     "out",
 		plots:      true,
 	}
@@ -101,23 +117,69 @@ func defaultOptions() options {
 // scenario is one experiment: how to build each arm's spec.
 type scenario struct {
 	name, title, setup string
-	rates              []float64 // one run pair per rate; {0} for a burst
-	spec               func(rate float64, p2p bool) *runSpec
+	points             []point // one arm pair (without, with P2P) per point
+	spec               func(pt point, p2p bool) *runSpec
+	// published are the study's figures, printed as published; ours
+	// computes the replay's figures to set beside them.
+	published []string
+	ours      func(s *scenarioResult) []string
+	// run, when set, replaces the fleet replay (a scenario without a
+	// router, such as pricing).
+	run func(ctx context.Context, o *options) (*scenarioResult, error)
+}
+
+// point is one condition of a scenario: an offered rate (0 for a burst or a
+// closed loop of sessions), or a named variant.
+type point struct {
+	rate    float64
+	variant string
+}
+
+// rates makes one point per offered rate.
+func rates(rs ...float64) []point {
+	out := make([]point, len(rs))
+	for i, r := range rs {
+		out[i] = point{rate: r}
+	}
+	return out
+}
+
+// registry is every scenario, by its --scenarios name, in the order the
+// default run plays them. A new scenario is one entry here.
+var registry = []struct {
+	name  string
+	build func(o *options) *scenario
+}{
+	{"fork", (*options).forkScenario},
+	{"spill", (*options).spillScenario},
+	{"control", (*options).controlScenario},
+	{"pd-session", (*options).pdSessionScenario},
+	{"restart-storm", (*options).restartStormScenario},
+	{"cpu-restore", (*options).cpuRestoreScenario},
+}
+
+func scenarioNames() []string {
+	var out []string
+	for _, e := range registry {
+		out = append(out, e.name)
+	}
+	return out
 }
 
 func (o *options) scenarioList() ([]*scenario, error) {
 	var out []*scenario
 	for _, name := range o.scenarios {
-		switch strings.TrimSpace(name) {
-		case "fork":
-			out = append(out, o.forkScenario())
-		case "spill":
-			out = append(out, o.spillScenario())
-		case "control":
-			out = append(out, o.controlScenario())
-		default:
-			return nil, fmt.Errorf("unknown scenario %q (want fork, spill, control)", name)
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(registry, func(e struct {
+			name  string
+			build func(o *options) *scenario
+		}) bool {
+			return e.name == name
+		})
+		if i < 0 {
+			return nil, fmt.Errorf("unknown scenario %q (want %s)", name, strings.Join(scenarioNames(), ", "))
 		}
+		out = append(out, registry[i].build(o))
 	}
 	return out, nil
 }
@@ -130,8 +192,13 @@ func (o *options) forkScenario() *scenario {
 		title: fmt.Sprintf("Fork burst: %d subagents fork over a shared %d-token prefix", o.forkBranches, o.forkPrefix),
 		setup: fmt.Sprintf("%d prefill + %d decode pods, %s placement (spill at %d in flight), cost model: %d-token prefill %.1f s alone, pull %.1f s; TTFT = branch start",
 			o.forkPrefill, o.forkDecode, placeSpill, o.forkSpillAt, o.forkPrefix, o.forkCost.Prefill(0, o.forkPrefix), o.forkCost.Pull(o.forkPrefix)),
-		rates: []float64{0},
-		spec: func(_ float64, p2p bool) *runSpec {
+		points:    rates(0),
+		published: []string{"fork burst p90 branch-start TTFT 11.2 s -> 1.6 s; median about 1.2 s in both"},
+		ours: func(s *scenarioResult) []string {
+			off, on := s.Arms[0], s.Arms[1]
+			return []string{fmt.Sprintf("fork burst p90 %.1f s -> %.1f s; median %.1f s / %.1f s", off.P90, on.P90, off.P50, on.P50)}
+		},
+		spec: func(_ point, p2p bool) *runSpec {
 			return &runSpec{
 				scenario: "fork-burst", p2p: p2p, place: placeSpill, spillAt: o.forkSpillAt,
 				prefill: o.forkPrefill, decode: o.forkDecode,
@@ -178,9 +245,10 @@ func (o *options) spillScenario() *scenario {
 		title: fmt.Sprintf("Load spill: %d shared %d-token prefixes, %d aggregated pods, %s placement", o.prefixes, o.prefixTokens, o.pods, placeLoad),
 		setup: fmt.Sprintf("Poisson arrivals for %g s, %d-%d-token suffixes; cache per pod %d GPU + %d CPU blocks; cost model: %d-token prefill %.2f s alone, pull %.2f s",
 			o.duration, o.suffixMin, o.suffixMax, o.gpuBlocks, o.cpuBlocks, o.prefixTokens, o.spillCost.Prefill(0, o.prefixTokens), o.spillCost.Pull(o.prefixTokens)),
-		rates: o.rates,
-		spec: func(rate float64, p2p bool) *runSpec {
-			return o.loadSpec("load-spill", prefixes, rate, p2p, placeLoad)
+		points:    rates(o.rates...),
+		published: []string{"8B load spill: p50 -43% at 8 req/s; +22% achieved throughput at 16 req/s"},
+		spec: func(pt point, p2p bool) *runSpec {
+			return o.loadSpec("load-spill", prefixes, pt.rate, p2p, placeLoad)
 		},
 	}
 }
@@ -188,12 +256,13 @@ func (o *options) spillScenario() *scenario {
 func (o *options) controlScenario() *scenario {
 	prefixes := sharedPrefixes(o.seed, o.prefixes, o.prefixTokens)
 	return &scenario{
-		name:  "negative-control",
-		title: fmt.Sprintf("Negative control: the load-spill workload under %s placement", placeAffinity),
-		setup: "every request goes to the pod holding its prefix: local hits, so the picker must pull nothing",
-		rates: []float64{o.controlRate},
-		spec: func(rate float64, p2p bool) *runSpec {
-			return o.loadSpec("negative-control", prefixes, rate, p2p, placeAffinity)
+		name:      "negative-control",
+		title:     fmt.Sprintf("Negative control: the load-spill workload under %s placement", placeAffinity),
+		setup:     "every request goes to the pod holding its prefix: local hits, so the picker must pull nothing",
+		points:    rates(o.controlRate),
+		published: []string{"local hit under prefix affinity: no pulls"},
+		spec: func(pt point, p2p bool) *runSpec {
+			return o.loadSpec("negative-control", prefixes, pt.rate, p2p, placeAffinity)
 		},
 	}
 }
@@ -244,8 +313,18 @@ func (o *options) validate() error {
 
 func cloneRequests(reqs []*request) []*request {
 	out := make([]*request, len(reqs))
+	at := make(map[*request]*request, len(reqs))
 	for i, r := range reqs {
-		out[i] = &request{id: r.id, name: r.name, arrival: r.arrival, prefix: r.prefix, suffix: r.suffix}
+		out[i] = &request{
+			id: r.id, name: r.name, arrival: r.arrival, prefix: r.prefix, suffix: r.suffix,
+			answer: r.answer, decodeTime: r.decodeTime, gap: r.gap, chained: r.chained, turn: r.turn,
+		}
+		at[r] = out[i]
+	}
+	for i, r := range reqs {
+		if r.next != nil {
+			out[i].next = at[r.next]
+		}
 	}
 	return out
 }
@@ -259,16 +338,20 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 		return nil, err
 	}
 	type pair struct {
-		sc   *scenario
-		rate float64
-		off  *runSpec
+		sc  *scenario
+		pt  point
+		off *runSpec
 	}
 	var pairs []pair
 	total := 0
 	for _, sc := range scs {
-		for _, rate := range sc.rates {
-			off := sc.spec(rate, false)
-			pairs = append(pairs, pair{sc, rate, off})
+		if sc.run != nil {
+			pairs = append(pairs, pair{sc: sc})
+			continue
+		}
+		for _, pt := range sc.points {
+			off := sc.spec(pt, false)
+			pairs = append(pairs, pair{sc, pt, off})
 			total += 2 * len(off.reqs)
 		}
 	}
@@ -278,15 +361,25 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 	var out []*scenarioResult
 	var cur *scenarioResult
 	for _, pr := range pairs {
+		if pr.sc.run != nil {
+			res, err := pr.sc.run(ctx, o)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", pr.sc.name, err)
+			}
+			res.Published = pr.sc.published
+			out = append(out, res)
+			cur = res
+			continue
+		}
 		if cur == nil || cur.Name != pr.sc.name {
-			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup}
+			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup, Published: pr.sc.published, ours: pr.sc.ours}
 			out = append(out, cur)
 		}
 		offRes, placed, err := runOne(ctx, pr.off, opt, bar, o.audit)
 		if err != nil {
 			return nil, err
 		}
-		on := pr.sc.spec(pr.rate, true)
+		on := pr.sc.spec(pr.pt, true)
 		if o.samePods {
 			on.replay = placed
 		}
@@ -295,6 +388,11 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 			return nil, err
 		}
 		cur.Arms = append(cur.Arms, offRes, onRes)
+	}
+	for _, s := range out {
+		if s.ours != nil {
+			s.Ours = s.ours(s)
+		}
 	}
 	return out, nil
 }

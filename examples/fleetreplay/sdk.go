@@ -87,7 +87,7 @@ func newSDKPath(ctx context.Context, f *fleet, opt sdkOptions) (*sdkPath, error)
 	case "", "fake":
 		s.mv = newFakeMover(f.pods, opt.blockBytes, longest)
 	case "p2p":
-		if s.mv, err = newP2PMover(f.pods, opt.blockBytes, longest, f.spec.cpuBlocks, f.eng.h.Config().Seed); err != nil {
+		if s.mv, err = newP2PMover(f.pods, opt.blockBytes, longest, max(f.spec.cpuBlocks, f.spec.decodeCPU), f.eng.h.Config().Seed); err != nil {
 			s.close()
 			return nil, err
 		}
