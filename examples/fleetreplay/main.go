@@ -256,6 +256,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // plotScenario draws one plot per rate of a scenario.
 func plotScenario(dir string, s *scenarioResult) error {
+	if s.plot != nil {
+		paths, err := s.plot(dir, s)
+		s.Plots = append(s.Plots, paths...)
+		return err
+	}
 	for i := 0; i+1 < len(s.Arms); i += 2 {
 		arms := s.Arms[i : i+2]
 		base, title := s.Name, s.Title

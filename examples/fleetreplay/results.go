@@ -114,6 +114,7 @@ type scenarioResult struct {
 
 	ours  func(s *scenarioResult) []string
 	table func(w io.Writer, s *scenarioResult)
+	plot  func(dir string, s *scenarioResult) ([]string, error)
 }
 
 func humanBytes(n int64) string {

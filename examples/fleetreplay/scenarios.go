@@ -150,6 +150,7 @@ var registry = []struct {
 	name  string
 	build func(o *options) *scenario
 }{
+	{"pricing", (*options).pricingScenario},
 	{"fork", (*options).forkScenario},
 	{"spill", (*options).spillScenario},
 	{"control", (*options).controlScenario},

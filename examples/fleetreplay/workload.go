@@ -26,6 +26,10 @@ type prompt struct {
 	salt string
 }
 
+func newRand(seed, stream uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, stream)) //nolint:gosec // a reproducible workload, not a secret
+}
+
 func randomTokens(rng *rand.Rand, n int) []uint32 {
 	t := make([]uint32, n)
 	for i := range t {
