@@ -53,6 +53,23 @@ type options struct {
 	stormConversations int
 	stormAt            float64
 	stormWindow        float64
+	docs               int
+	docActive          int
+	docPods            int
+	docSpillAt         int
+	skewS              float64
+	skewRate           float64
+	skewDuration       float64
+	skewSpillAt        int
+	scalePrefixes      int
+	scaleRate          float64
+	scaleDuration      float64
+	scaleJoin          float64
+	routerRate         float64
+	routerDuration     float64
+	routerAt           float64
+	routerSnapshotAge  float64
+	routerReplaySteps  int
 	blockBytes         int
 	hashCheck          bool
 	scenarios          []string
@@ -105,6 +122,23 @@ func defaultOptions() options {
 		stormConversations: 24,
 		stormAt:            60,
 		stormWindow:        30,
+		docs:               192,
+		docActive:          128,
+		docPods:            16,
+		docSpillAt:         2,
+		skewS:              1.2,
+		skewRate:           16,
+		skewDuration:       30,
+		skewSpillAt:        2,
+		scalePrefixes:      32,
+		scaleRate:          10,
+		scaleDuration:      60,
+		scaleJoin:          20,
+		routerRate:         8,
+		routerDuration:     30,
+		routerAt:           15,
+		routerSnapshotAge:  0.5,
+		routerReplaySteps:  16,
 
 		blockBytes: 512,
 		hashCheck:  true,
@@ -156,6 +190,10 @@ var registry = []struct {
 	{"control", (*options).controlScenario},
 	{"pd-session", (*options).pdSessionScenario},
 	{"restart-storm", (*options).restartStormScenario},
+	{"doc-qa", (*options).docQAScenario},
+	{"hot-skew", (*options).hotSkewScenario},
+	{"scale-out", (*options).scaleOutScenario},
+	{"router-restart", (*options).routerRestartScenario},
 	{"cpu-restore", (*options).cpuRestoreScenario},
 }
 
