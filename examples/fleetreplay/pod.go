@@ -191,6 +191,15 @@ func (p *pod) store(r *request, from, to int, tier string) {
 	for i := from; i < to; i++ {
 		p.fresh = append(p.fresh, !cache.has(keys[i]))
 	}
+	// The held blocks of the run become most recently used before any
+	// insert, so that inserting the run's new blocks cannot evict them:
+	// an evicted held block would be published removed and, not being
+	// new, never stored again, though the tier holds it.
+	for i := to - 1; i >= from; i-- {
+		if !p.fresh[i-from] {
+			cache.touch(keys[i])
+		}
+	}
 	removed := p.removed[ti][:0]
 	for i := to - 1; i >= from; i-- {
 		removed = cache.insert(keys[i], removed)
