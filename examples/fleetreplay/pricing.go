@@ -12,6 +12,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
+	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/picker"
 	"github.com/kvsource/kvsource/transfer"
 )
@@ -137,6 +138,9 @@ func (s *timedSession) Fetch(ctx context.Context, keys []transfer.Key, idx []int
 // probe, and the fit.
 func (o *options) price(ctx context.Context, m pricingModel) ([]pricingRow, string, error) {
 	bs := o.hashing.BlockSize
+	if bs == 0 {
+		bs = hashing.DefaultBlockSize
+	}
 	longest := m.lengths[len(m.lengths)-1]
 	rng := newRand(o.seed, 0x9e1ce)
 	pr := &prompt{id: 0, tokens: randomTokens(rng, longest), salt: fmt.Sprintf("pricing-%s-%d", m.name, o.seed)}

@@ -332,6 +332,11 @@ func (o *options) validate() error {
 		{o.pods > 0 && o.prefixes > 0, "--pods and --prefixes must be positive"},
 		{o.blockBytes >= 8, "--block-bytes must be at least 8"},
 		{len(o.rates) > 0, "--rates needs a rate"},
+		{o.studyScale >= 1, "--study-scale must be at least 1"},
+		{o.pdConversations > 0 && o.stormConversations > 0 && o.pdTurnsMax >= 4, "conversations must be positive and --pd-turns-max at least 4"},
+		{o.docs > 0 && o.docActive > 0 && o.docPods > 0, "--docs, --doc-active and --doc-pods must be positive"},
+		{o.skewS > 0 && o.skewRate > 0, "--skew-s and --skew-rate must be positive"},
+		{o.stormAt > 0 && o.scaleJoin > 0 && o.scaleJoin < o.scaleDuration && o.routerAt > o.routerSnapshotAge && o.routerAt < o.routerDuration, "restart and join times must fall inside their runs"},
 	}
 	for _, c := range checks {
 		if !c.ok {
