@@ -160,6 +160,9 @@ func writeArms(w io.Writer, s *scenarioResult) {
 	fmt.Fprintln(tw, first+"\tarm\treqs\tp50 TTFT s\tp90 TTFT s\tp99 TTFT s\tthroughput req/s\tpulls issued\tpulls verified\tbytes moved\t")
 	for _, a := range s.Arms {
 		rate := "burst"
+		if a.Scenario != "fork-burst" {
+			rate = "sessions"
+		}
 		switch {
 		case variants:
 			rate = a.Variant

@@ -286,6 +286,14 @@ func (o *options) spillScenario() *scenario {
 			o.duration, o.suffixMin, o.suffixMax, o.gpuBlocks, o.cpuBlocks, o.prefixTokens, o.spillCost.Prefill(0, o.prefixTokens), o.spillCost.Pull(o.prefixTokens)),
 		points:    rates(o.rates...),
 		published: []string{"8B load spill: p50 -43% at 8 req/s; +22% achieved throughput at 16 req/s"},
+		ours: func(s *scenarioResult) []string {
+			var out []string
+			for i := 0; i+1 < len(s.Arms); i += 2 {
+				off, on := s.Arms[i], s.Arms[i+1]
+				out = append(out, fmt.Sprintf("at %g req/s: p50 %+.0f%%, achieved throughput %+.0f%%", off.Rate, 100*(on.P50/off.P50-1), 100*(on.Throughput/off.Throughput-1)))
+			}
+			return out
+		},
 		spec: func(pt point, p2p bool) *runSpec {
 			return o.loadSpec("load-spill", prefixes, pt.rate, p2p, placeLoad)
 		},
@@ -300,6 +308,10 @@ func (o *options) controlScenario() *scenario {
 		setup:     "every request goes to the pod holding its prefix: local hits, so the picker must pull nothing",
 		points:    rates(o.controlRate),
 		published: []string{"local hit under prefix affinity: no pulls"},
+		ours: func(s *scenarioResult) []string {
+			on := s.Arms[1]
+			return []string{fmt.Sprintf("%d pull decisions, %d pulls, %s moved", on.PullDecisions, on.PullsIssued, humanBytes(on.BytesMoved))}
+		},
 		spec: func(pt point, p2p bool) *runSpec {
 			return o.loadSpec("negative-control", prefixes, pt.rate, p2p, placeAffinity)
 		},
