@@ -36,8 +36,7 @@ type eventPath struct {
 	replays []string // per pod: its replay endpoint
 	// before sums the counters of subscribers a router restart replaced.
 	before eventStats
-	// restarts counts router restarts; snapshotSeqs is what the last
-	// snapshot load handed the subscriber.
+	// restarts counts router restarts.
 	restarts int
 }
 

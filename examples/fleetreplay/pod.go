@@ -230,6 +230,11 @@ func (p *pod) store(r *request, from, to int, tier string) {
 		}
 		e.TokenIDs = r.appendTokens(e.TokenIDs, a*bs, b*bs)
 		e.BlockSize = bs
+		if salt := r.prefix.rootSalt(); salt != "" && a == 0 {
+			// vLLM's cache_salt is block 0's extra key.
+			e.ExtraKeys, e.HasExtraKeys = make([][]byte, b-a), true
+			e.ExtraKeys[0] = saltExtraKeys(salt)
+		}
 		if tier == index.TierCPU {
 			f.sdk.offloaded(p, r, a, b)
 		}

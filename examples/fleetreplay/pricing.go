@@ -83,8 +83,7 @@ func (o *options) pricingScenario() *scenario {
 			"GLM-753B: pull floor about 1.2-1.3 s, tie near 8K, pull 27% faster at 12K and 61% at 24K",
 		},
 		run: func(ctx context.Context, o *options) (*scenarioResult, error) {
-			res := &scenarioResult{Name: "pricing", Title: "Pricing: the transfer price, isolated (a pod pair, no router)", table: writePricing, plot: plotPricing}
-			res.Setup = o.pricingScenario().setup
+			res := &scenarioResult{table: writePricing, plot: plotPricing}
 			for _, m := range pricingModels() {
 				rows, ours, err := o.price(ctx, m)
 				if err != nil {
@@ -221,6 +220,12 @@ func (o *options) price(ctx context.Context, m pricingModel) ([]pricingRow, stri
 	last.Pulls, last.Verified, last.BytesMoved = s.pulls, s.verified, s.bytes
 	if s.verified != s.pulls {
 		return nil, "", fmt.Errorf("%d of %d pulls failed verification", s.pulls-s.verified, s.pulls)
+	}
+	if err := f.sdk.sync(ctx); err != nil {
+		return nil, "", err
+	}
+	if err := f.sdk.ev.stats().trusted(); err != nil {
+		return nil, "", err
 	}
 	ours := fmt.Sprintf("%s: crossover %.0f tokens, recommended --min-delta %d tokens; pull floor %.0f ms fitted; %d pulls over transfer/p2p, %d verified; cold probe %.0f ms vs warmed %.0f ms at %d tokens",
 		m.name, cal.Crossover, cal.Threshold, cal.Pull.Floor, s.pulls, s.verified, cold[0].Millis+first, rows[1].Millis, m.lengths[0])

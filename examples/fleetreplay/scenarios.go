@@ -422,7 +422,7 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", pr.sc.name, err)
 			}
-			res.Published = pr.sc.published
+			res.Name, res.Title, res.Setup, res.Published = pr.sc.name, pr.sc.title, pr.sc.setup, pr.sc.published
 			out = append(out, res)
 			cur = res
 			continue

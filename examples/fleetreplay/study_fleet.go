@@ -91,7 +91,7 @@ func (o *options) docQAScenario() *scenario {
 	}
 }
 
-// zipfPrefixes draws requests at rate per second for duration seconds, the
+// zipfLoad draws requests at rate per second for duration seconds, the
 // prefix of each drawn with probability proportional to 1/(rank+1)^s.
 func zipfLoad(seed uint64, prefixes []*prompt, s, rate, duration float64, suffixMin, suffixMax int) []*request {
 	rng := newRand(seed, 0x21bf)

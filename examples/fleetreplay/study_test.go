@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvsource/kvsource/picker"
 )
@@ -145,4 +146,13 @@ func TestScenariosSelectsAndRejects(t *testing.T) {
 	_, err = o.scenarioList()
 	require.ErrorContains(t, err, "unknown scenario")
 	require.Contains(t, err.Error(), "pd-session")
+}
+
+func TestSaltExtraKeysAreMsgpackOfTheTuple(t *testing.T) {
+	for _, n := range []int{0, 5, 31, 32, 255, 256, 1000} {
+		salt := strings.Repeat("s", n)
+		want, err := msgpack.Marshal([]any{salt})
+		require.NoError(t, err)
+		require.Equal(t, want, saltExtraKeys(salt), "salt of %d bytes", n)
+	}
 }

@@ -26,6 +26,29 @@ type prompt struct {
 	salt string
 }
 
+// rootSalt returns the cache salt of the prompt p extends, or p's own.
+func (p *prompt) rootSalt() string {
+	for p.base != nil {
+		p = p.base
+	}
+	return p.salt
+}
+
+// saltExtraKeys is the msgpack of block 0's extra-keys tuple for a cache
+// salt, as a KV event carries it: (salt,).
+func saltExtraKeys(salt string) []byte {
+	b := []byte{0x91} // an array of one element
+	switch n := len(salt); {
+	case n < 32:
+		b = append(b, 0xa0|byte(n))
+	case n < 256:
+		b = append(b, 0xd9, byte(n))
+	default:
+		b = append(b, 0xda, byte(n>>8), byte(n))
+	}
+	return append(b, salt...)
+}
+
 func newRand(seed, stream uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, stream)) //nolint:gosec // a reproducible workload, not a secret
 }
