@@ -25,7 +25,7 @@ func studyOptions(t *testing.T, scenarios ...string) *options {
 	o.studyScale = 16
 	o.pdConversations, o.pdTurnsMax = 24, 6
 	o.stormConversations, o.stormAt, o.stormWindow = 12, 30, 15
-	o.docs, o.docActive, o.docPods = 32, 24, 6
+	o.docs, o.docActive, o.docPods = 24, 16, 4
 	o.skewDuration = 8
 	o.scaleDuration, o.scaleJoin = 30, 6
 	o.routerDuration, o.routerAt = 12, 6
