@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/kvsource/kvsource/events"
@@ -31,6 +32,12 @@ type eventPath struct {
 	timeout time.Duration
 	cancel  context.CancelFunc
 	done    chan error
+	cfg     events.Config
+	replays []string // per pod: its replay endpoint
+	// before sums the counters of subscribers a router restart replaced.
+	before eventStats
+	// restarts counts router restarts.
+	restarts int
 }
 
 // loopbackEndpoints returns n distinct TCP endpoints on free loopback
@@ -70,19 +77,18 @@ func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 	if opt.logger != nil {
 		cfg.Logger = opt.logger
 	}
-	if e.sub, err = events.NewSubscriber(cfg); err != nil {
+	e.cfg = cfg
+	if err := e.startSubscriber(ctx, nil); err != nil {
 		return err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	e.cancel, e.done = cancel, make(chan error, 1)
-	go func() { e.done <- e.sub.Run(rctx) }()
 	e.pods = f.pods
 	for i, p := range f.pods {
 		replay := eps[1+i]
+		e.replays = append(e.replays, replay)
 		pub, err := events.NewPublisher(events.PublisherConfig{
 			Endpoint: bind, ReplayEndpoint: replay,
 			Topic:  fmt.Sprintf("kv@%s@%s", p.name, f.model),
-			Layout: events.LayoutMap,
+			Layout: events.LayoutMap, BufferSteps: f.spec.replaySteps,
 		})
 		if err != nil {
 			e.close()
@@ -96,21 +102,137 @@ func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 	}
 	e.sent = make([]uint64, len(f.pods))
 	e.applied = make([]uint64, len(f.pods))
-	return e.handshake(ctx)
+	return e.handshake(ctx, 0)
+}
+
+// startSubscriber starts a subscriber on e.idx with the given sequence
+// numbers (from a snapshot), registering the pods known so far.
+func (e *eventPath) startSubscriber(ctx context.Context, seqs map[index.Holder]uint64) error {
+	cfg := e.cfg
+	cfg.Sink, cfg.InitialSeqs = e.idx, seqs
+	var err error
+	if e.sub, err = events.NewSubscriber(cfg); err != nil {
+		return err
+	}
+	for i, p := range e.pods {
+		if err := e.sub.AddPod(p.name, "", e.replays[i]); err != nil {
+			return err
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	e.cancel, e.done = cancel, make(chan error, 1)
+	go func() { e.done <- e.sub.Run(rctx) }()
+	return nil
+}
+
+// snapshot saves the index with the subscriber's sequence numbers, as a
+// router does periodically.
+func (e *eventPath) snapshot(ctx context.Context, path string) error {
+	if err := e.sync(ctx); err != nil {
+		return err
+	}
+	seqs := make(map[index.Holder]uint64, len(e.pods))
+	for _, p := range e.pods {
+		if seq, ok := e.sub.LastSeq(p.holder()); ok {
+			seqs[p.holder()] = seq
+		}
+	}
+	return e.idx.SaveFile(path, seqs)
+}
+
+// pushOutReplay publishes n empty batches from every pod and waits until
+// they are applied: afterwards the pods' replay buffers of n batches hold
+// nothing a new subscriber could learn a cache from, whatever the timing of
+// the restart that follows (a cold router's view of a long-running fleet,
+// reproducibly).
+func (e *eventPath) pushOutReplay(ctx context.Context, n int) error {
+	var empty events.Batch
+	for _, p := range e.pods {
+		for range n {
+			if err := e.publish(p, &empty); err != nil {
+				return err
+			}
+		}
+	}
+	return e.sync(ctx)
+}
+
+// restartRouter replaces the subscriber and the index as a restarted router
+// does: cold, with an empty index that learns from the events published
+// from now on, or from a snapshot file, whose sequence numbers make the new
+// subscriber fetch what the pods published since it was saved from their
+// replay sockets. The pods' publishers reconnect on their own.
+func (e *eventPath) restartRouter(ctx context.Context, snapshot string) error {
+	st := e.stats()
+	e.cancel()
+	<-e.done
+	e.cancel = nil
+	e.before = e.before.add(st)
+	var seqs map[index.Holder]uint64
+	if snapshot == "" {
+		e.idx = index.New(index.Config{})
+	} else {
+		var err error
+		if e.idx, seqs, err = index.LoadFile(snapshot, index.Config{}); err != nil {
+			return err
+		}
+	}
+	// libzmq closes the old socket in its own thread: the new one binds
+	// the same port once it is free, and tries again if it lost the race.
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		e.waitPortFree(ctx)
+		if err = e.startSubscriber(ctx, seqs); err != nil {
+			return err
+		}
+		clear(e.applied)
+		if err = e.handshake(ctx, 50*time.Millisecond); err == nil {
+			e.restarts++
+			return nil
+		}
+		e.cancel()
+		<-e.done
+	}
+	return err
+}
+
+// waitPortFree waits (bounded) until the bind endpoint's port can be
+// listened on.
+func (e *eventPath) waitPortFree(ctx context.Context) {
+	addr := strings.TrimPrefix(e.cfg.Bind[0], "tcp://")
+	for range 200 {
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			l.Close()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // handshake publishes an empty batch from every pod until the subscriber has
 // seen one from each: a ZMQ subscription takes a moment to reach a
 // publisher, and what is published before it arrives is lost (the
 // subscriber would then recover it by replay).
-func (e *eventPath) handshake(ctx context.Context) error {
+//
+// every spaces the empty batches to one pod: after a router restart each
+// one published before the pod reconnects is a batch the new subscriber
+// must replay, and the pods' replay buffers are bounded.
+func (e *eventPath) handshake(ctx context.Context, every time.Duration) error {
 	deadline := time.Now().Add(e.timeout)
 	var empty events.Batch
+	var last time.Time
 	for {
-		for i, p := range e.pods {
-			if e.applied[i] == 0 {
-				if err := e.publish(p, &empty); err != nil {
-					return err
+		if now := time.Now(); now.Sub(last) >= every {
+			last = now
+			for i, p := range e.pods {
+				if e.applied[i] == 0 || e.applied[i] < e.sent[i] {
+					if err := e.publish(p, &empty); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -118,7 +240,7 @@ func (e *eventPath) handshake(ctx context.Context) error {
 		e.poll()
 		waiting := 0
 		for i := range e.pods {
-			if e.applied[i] == 0 {
+			if e.applied[i] == 0 || e.applied[i] < e.sent[i] {
 				waiting++
 			}
 		}
@@ -195,7 +317,7 @@ func (e *eventPath) close() {
 	for _, p := range e.pubs {
 		p.Close()
 	}
-	if e.cancel != nil {
+	if e.cancel != nil && e.done != nil {
 		e.cancel()
 		<-e.done
 	}
@@ -204,10 +326,19 @@ func (e *eventPath) close() {
 // stats summarises what the subscriber applied and what went wrong.
 func (e *eventPath) stats() eventStats {
 	st := e.sub.Stats()
-	return eventStats{
+	return e.before.add(eventStats{
 		Batches: st.Batches, Events: st.Events, Blocks: st.Blocks,
 		Gaps: st.Gaps, Replayed: st.Replayed, Unrecovered: st.Unrecovered, DecodeErrors: st.DecodeErrors,
 		QueueFull: st.QueueFull, HashChecks: st.HashChecks, HashMismatches: st.HashMismatches,
+	})
+}
+
+func (s eventStats) add(t eventStats) eventStats {
+	return eventStats{
+		Batches: s.Batches + t.Batches, Events: s.Events + t.Events, Blocks: s.Blocks + t.Blocks,
+		Gaps: s.Gaps + t.Gaps, Replayed: s.Replayed + t.Replayed, Unrecovered: s.Unrecovered + t.Unrecovered,
+		DecodeErrors: s.DecodeErrors + t.DecodeErrors, QueueFull: s.QueueFull + t.QueueFull,
+		HashChecks: s.HashChecks + t.HashChecks, HashMismatches: s.HashMismatches + t.HashMismatches,
 	}
 }
 
