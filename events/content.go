@@ -47,7 +47,7 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	if n == 0 {
 		return
 	}
-	ck := w.s.cfg.ContentKeys
+	ck := w.p.cfg.ContentKeys
 	var parent uint64
 	hasParent := false
 	if e.HasParent {
@@ -63,7 +63,7 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	if len(e.TokenIDs) == 0 {
 		keys := w.resolvePrefix(h, e.BlockHashes)
 		if len(keys) > 0 {
-			w.s.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, keys)
+			w.p.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, keys)
 		}
 		return
 	}
@@ -82,14 +82,14 @@ func (w *worker) storeContent(h *holder, e *Event) {
 		}
 	}
 	if err != nil || len(w.keys2) != n {
-		w.s.limited.logf(slog.LevelWarn, "events: content keys not computable", h.id.Pod, "rank", h.id.Rank, "err", err)
+		w.p.limited.logf(slog.LevelWarn, "events: content keys not computable", h.id.Pod, "rank", h.id.Rank, "err", err)
 		w.unresolvedBlocks(n)
 		return
 	}
 	for i, k := range e.BlockHashes {
 		h.content.put(k, w.keys2[i])
 	}
-	w.s.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, w.keys2)
+	w.p.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, w.keys2)
 }
 
 // resolvePrefix maps engine keys to content keys up to the first unknown
@@ -121,4 +121,4 @@ func (w *worker) resolve(h *holder, keys []uint64) []uint64 {
 	return w.keys2
 }
 
-func (w *worker) unresolvedBlocks(n int) { w.s.c.unresolved.Add(uint64(n)) }
+func (w *worker) unresolvedBlocks(n int) { w.p.c.unresolved.Add(uint64(n)) }

@@ -30,12 +30,11 @@ func (s *callSink) ClearHolder(string, index.Holder, string)           {}
 // what is tested.
 func applyEvents(t *testing.T, sink Sink, events ...Event) {
 	t.Helper()
-	s, err := NewSubscriber(Config{Sink: sink, Logger: newTextLogger(discard{})})
-	require.NoError(t, err)
-	w := newWorker(s)
-	b := batchOf(events...)
-	w.handle(message{src: &source{pod: "pod"}, model: "m", seq: 0, payload: AppendBatch(nil, &b, LayoutMap, 0)})
-	require.Equal(t, uint64(1), s.Stats().Batches, "the batch was applied")
+	p := startProcessor(t, Config{Sink: sink})
+	b := Batch{TS: 1, HasDPRank: true, Events: events}
+	p.Handle(t.Context(), Message{Pod: "pod", Model: "m", Seq: 0, Payload: AppendBatch(nil, &b, LayoutMap, 0)})
+	require.NoError(t, p.Sync(t.Context()))
+	require.Equal(t, uint64(1), p.Stats().Batches, "the batch was applied")
 }
 
 func TestApplyStoresHybridSkipEventsOneKeyAtATimeWithoutParent(t *testing.T) {
