@@ -203,17 +203,18 @@ func (p *Publisher) WaitSubscribed(ctx context.Context) error {
 }
 
 // readSubscriptionsLocked reads the subscription messages the XPUB socket
-// has queued: [1, prefix] subscribes, [0, prefix] unsubscribes. Only
-// whether one matching subscription arrived is kept; libzmq passes up each
-// prefix once, not once per subscriber.
+// has queued: [1, prefix] subscribes, [0, prefix] unsubscribes. libzmq
+// passes a prefix's subscription up when its first subscriber arrives and
+// its unsubscription when its last one leaves, so the latest of them says
+// whether one is subscribed now.
 func (p *Publisher) readSubscriptionsLocked() {
 	for {
 		msg, err := p.pub.RecvBytes(zmq.DONTWAIT)
 		if err != nil {
 			return
 		}
-		if len(msg) > 0 && msg[0] == 1 && strings.HasPrefix(p.cfg.Topic, string(msg[1:])) {
-			p.subscribed = true
+		if len(msg) > 0 && msg[0] <= 1 && strings.HasPrefix(p.cfg.Topic, string(msg[1:])) {
+			p.subscribed = msg[0] == 1
 		}
 	}
 }
