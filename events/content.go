@@ -1,6 +1,10 @@
 package events
 
-import "log/slog"
+import (
+	"log/slog"
+
+	"github.com/kvsource/kvsource/index"
+)
 
 // contentMap maps a holder's engine block keys to content keys. It holds at
 // most limit entries in two generations: when the current one is half full
@@ -48,8 +52,7 @@ func (w *worker) storeContent(h *holder, e *Event) {
 		return
 	}
 	ck := w.p.cfg.ContentKeys
-	var parent uint64
-	hasParent := false
+	var parent index.Parent
 	if e.HasParent {
 		p, ok := h.content.get(e.Parent)
 		if !ok && len(e.TokenIDs) > 0 {
@@ -58,12 +61,14 @@ func (w *worker) storeContent(h *holder, e *Event) {
 			w.unresolvedBlocks(n)
 			return
 		}
-		parent, hasParent = p, ok
+		if ok {
+			parent = index.ParentKey(p)
+		}
 	}
 	if len(e.TokenIDs) == 0 {
 		keys := w.resolvePrefix(h, e.BlockHashes)
 		if len(keys) > 0 {
-			w.p.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, keys)
+			w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Parent: parent, Keys: keys})
 		}
 		return
 	}
@@ -75,8 +80,8 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	}
 	req, err := w.request(e, e.TokenIDs)
 	if err == nil {
-		if hasParent {
-			w.keys2, err = ck.BlockKeysFrom(w.keys2[:0], parent, req)
+		if p, ok := parent.Key(); ok {
+			w.keys2, err = ck.BlockKeysFrom(w.keys2[:0], p, req)
 		} else {
 			w.keys2, err = ck.BlockKeys(w.keys2[:0], req)
 		}
@@ -89,7 +94,7 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	for i, k := range e.BlockHashes {
 		h.content.put(k, w.keys2[i])
 	}
-	w.p.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, w.keys2)
+	w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Parent: parent, Keys: w.keys2})
 }
 
 // resolvePrefix maps engine keys to content keys up to the first unknown

@@ -19,8 +19,10 @@ type storeCall struct {
 // callSink records every Store call as made.
 type callSink struct{ stores []storeCall }
 
-func (s *callSink) Store(model string, h index.Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
-	s.stores = append(s.stores, storeCall{group, parent, hasParent, append([]uint64(nil), keys...)})
+func (s *callSink) Store(b index.Blocks) {
+	c := storeCall{group: b.Group, keys: append([]uint64(nil), b.Keys...)}
+	c.parent, c.hasParent = b.Parent.Key()
+	s.stores = append(s.stores, c)
 }
 func (s *callSink) Remove(string, index.Holder, string, int, []uint64) {}
 func (s *callSink) ClearHolder(string, index.Holder, string)           {}

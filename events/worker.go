@@ -588,10 +588,14 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				// neither the parent nor any two keys are known to be
 				// consecutive, and the index must not chain them.
 				for j := range e.BlockHashes {
-					sink.Store(h.model, h.id, e.Medium, e.GroupIdx, 0, false, e.BlockHashes[j:j+1])
+					sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Keys: e.BlockHashes[j : j+1]})
 				}
 			default:
-				sink.Store(h.model, h.id, e.Medium, e.GroupIdx, e.Parent, e.HasParent, e.BlockHashes)
+				var parent index.Parent
+				if e.HasParent {
+					parent = index.ParentKey(e.Parent)
+				}
+				sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Parent: parent, Keys: e.BlockHashes})
 			}
 		case EventBlockRemoved:
 			blocks += uint64(len(e.BlockHashes))

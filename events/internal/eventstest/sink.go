@@ -32,7 +32,8 @@ func NewRecSink() *RecSink {
 	return &RecSink{blocks: map[recKey]map[uint64]bool{}, clears: map[index.Holder]int{}}
 }
 
-func (s *RecSink) Store(model string, h index.Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
+func (s *RecSink) Store(b index.Blocks) {
+	model, h, tier, keys := b.Model, b.Holder, b.Tier, b.Keys
 	s.mu.Lock()
 	block := s.block
 	s.mu.Unlock()
@@ -111,9 +112,9 @@ type TeeSink struct {
 // NewTeeSink returns a TeeSink on an empty index.Index.
 func NewTeeSink() *TeeSink { return &TeeSink{Rec: NewRecSink(), Index: index.New(index.Config{})} }
 
-func (t *TeeSink) Store(model string, h index.Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
-	t.Index.Store(model, h, tier, group, parent, hasParent, keys)
-	t.Rec.Store(model, h, tier, group, parent, hasParent, keys)
+func (t *TeeSink) Store(b index.Blocks) {
+	t.Index.Store(b)
+	t.Rec.Store(b)
 }
 
 func (t *TeeSink) Remove(model string, h index.Holder, tier string, group int, keys []uint64) {
