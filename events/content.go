@@ -126,4 +126,4 @@ func (w *worker) resolve(h *holder, keys []uint64) []uint64 {
 	return w.keys2
 }
 
-func (w *worker) unresolvedBlocks(n int) { w.p.c.unresolved.Add(uint64(n)) }
+func (w *worker) unresolvedBlocks(n int) { w.p.c[cUnresolved].Add(uint64(n)) }

@@ -86,7 +86,7 @@ func TestHashCheckConvertsOnlyTheCheckedBlocksExtraKeys(t *testing.T) {
 		return testing.AllocsPerRun(20, func() { w.checkAgreement(h, e, 0) })
 	}
 	a2, a256 := allocs(short), allocs(long)
-	require.Zero(t, h.hashMismatches.Load(), "the LoRA tuples reproduce the engine's keys")
-	require.NotZero(t, h.hashChecks.Load())
+	require.Zero(t, h.c[cHashMismatches].Load(), "the LoRA tuples reproduce the engine's keys")
+	require.NotZero(t, h.c[cHashChecks].Load())
 	require.Less(t, a256, a2+10, "allocations for 256 blocks (%v) against 2 (%v)", a256, a2)
 }

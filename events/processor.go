@@ -277,7 +277,11 @@ func (p *Processor) Close() {
 // then the message is dropped, counted in Stats.QueueFull, and its pod
 // resynchronised from replay. It must be called between Start and Close.
 func (p *Processor) Handle(ctx context.Context, m Message) {
-	p.c.messages.Add(1)
+	if len(p.workers) == 0 {
+		p.BadMessage(m.Pod, "the processor is not started", "seq", m.Seq)
+		return
+	}
+	p.c[cMessages].Add(1)
 	msg := message{Message: m, ps: p.podState(m.Pod)}
 	if msg.ps == nil {
 		msg.ps = &p.overflow
@@ -316,8 +320,8 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 // unknown topic) in Stats.Messages and Stats.BadMessages and logs why,
 // rate-limited per pod ("" when unknown).
 func (p *Processor) BadMessage(pod, why string, args ...any) {
-	p.c.messages.Add(1)
-	p.c.badMessages.Add(1)
+	p.c[cMessages].Add(1)
+	p.c[cBadMessages].Add(1)
 	p.limited.logf(slog.LevelWarn, "events: dropped message: "+why, pod, args...)
 }
 
@@ -489,25 +493,13 @@ type HolderStatus struct {
 // Holder returns the status's holder.
 func (s HolderStatus) Holder() index.Holder { return index.Holder{Pod: s.Pod, Rank: s.Rank} }
 
-type counters struct {
-	messages, badMessages, batches, events, blocks, unknown, decodeErrors atomic.Uint64
-	gaps, replays, replayErrors, replayed, unrecovered, restarts, dups    atomic.Uint64
-	queueFull, hashChecks, hashMismatches, unresolved, replayTimeouts     atomic.Uint64
-	holderLimit, chunkedOffload                                           atomic.Uint64
-}
-
 // Stats returns the global counters.
 func (p *Processor) Stats() Stats {
-	c := &p.c
-	return Stats{
-		Messages: c.messages.Load(), BadMessages: c.badMessages.Load(), Batches: c.batches.Load(),
-		Events: c.events.Load(), Blocks: c.blocks.Load(), UnknownEvents: c.unknown.Load(),
-		DecodeErrors: c.decodeErrors.Load(), Gaps: c.gaps.Load(), Replays: c.replays.Load(),
-		ReplayErrors: c.replayErrors.Load(), ReplayTimeouts: c.replayTimeouts.Load(), Replayed: c.replayed.Load(), Unrecovered: c.unrecovered.Load(),
-		Restarts: c.restarts.Load(), Duplicates: c.dups.Load(), QueueFull: c.queueFull.Load(),
-		HashChecks: c.hashChecks.Load(), HashMismatches: c.hashMismatches.Load(), Unresolved: c.unresolved.Load(),
-		HolderLimit: c.holderLimit.Load(), ChunkedOffload: c.chunkedOffload.Load(),
+	var st Stats
+	for _, c := range Counters {
+		*c.Stat(&st) = p.c[c.id].Load()
 	}
+	return st
 }
 
 // Status returns every holder's status sorted by pod and rank. A pod

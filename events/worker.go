@@ -42,18 +42,18 @@ type holder struct {
 	gpuBlockSize []int
 	lastChunkLog time.Time
 
-	lastSeq, gaps, replays, unrecovered, restarts atomic.Uint64
-	hashChecks, hashMismatches, chunkedOffload    atomic.Uint64
-	stale                                         atomic.Bool
-	hasSeq                                        atomic.Bool // lastSeq is a batch applied (or InitialSeqs)
+	c       counters // those of Counters kept per holder
+	lastSeq atomic.Uint64
+	stale   atomic.Bool
+	hasSeq  atomic.Bool // lastSeq is a batch applied (or InitialSeqs)
 }
 
 func (h *holder) status() HolderStatus {
-	st := HolderStatus{
-		Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), Gaps: h.gaps.Load(),
-		Replays: h.replays.Load(), Unrecovered: h.unrecovered.Load(), Restarts: h.restarts.Load(),
-		HashChecks: h.hashChecks.Load(), HashMismatches: h.hashMismatches.Load(),
-		ChunkedOffload: h.chunkedOffload.Load(), State: "live",
+	st := HolderStatus{Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), State: "live"}
+	for _, c := range Counters {
+		if c.Holder != nil {
+			*c.Holder(&st) = h.c[c.id].Load()
+		}
 	}
 	if m := h.statModel.Load(); m != nil {
 		st.Model = *m
@@ -159,7 +159,7 @@ func (w *worker) run() {
 func (w *worker) route(m message) {
 	if pq := w.busy[m.Pod]; pq != nil {
 		if len(pq.queue) >= w.p.cfg.QueueLen {
-			w.p.c.queueFull.Add(1)
+			w.p.c[cQueueFull].Add(1)
 			w.p.limited.logf(slog.LevelWarn, "events: too many messages behind a replay; dropping, the pod marked for resync",
 				m.Pod, "seq", m.Seq)
 			w.closeMessage(m)
@@ -212,7 +212,7 @@ func (w *worker) closeMessage(m message) {
 
 // dropped is Handle's, after dropping m on a full queue.
 func (w *worker) dropped(m message) {
-	w.p.c.queueFull.Add(1)
+	w.p.c[cQueueFull].Add(1)
 	w.closeMessage(m)
 	w.markResync(m.Pod, m.Seq)
 }
@@ -263,12 +263,12 @@ func (w *worker) resyncPod(pod string, dropped uint64) {
 	resync := func(w *worker) {
 		for _, h := range hs {
 			if w.canReplay(h) {
-				answered := h.replays.Load()
+				answered := h.c[cReplays].Load()
 				// No end target: dropped is the pod's, and may belong to
 				// another rank's sequence; ReplayDeadline bounds the
 				// replay instead.
 				w.replay(h, h.next, noTarget)
-				if h.replays.Load() != answered {
+				if h.c[cReplays].Load() != answered {
 					continue
 				}
 			}
@@ -306,7 +306,7 @@ func (w *worker) holder(m *message, rank int) *holder {
 	if h == nil {
 		if w.p.nHolders.Add(1) > int64(w.p.cfg.MaxHolders) {
 			w.p.nHolders.Add(-1)
-			w.p.c.holderLimit.Add(1)
+			w.p.c[cHolderLimit].Add(1)
 			// Limited across pods: a peer inventing names must not flood
 			// the log either.
 			w.p.limited.logAny(slog.LevelWarn, "events: holder limit reached, dropping a new holder's message",
@@ -386,8 +386,8 @@ func (w *worker) step(h *holder, seq uint64) {
 		w.catchUp(h, seq)
 	case seq == h.next:
 	case seq > h.next:
-		w.p.c.gaps.Add(1)
-		h.gaps.Add(1)
+		w.p.c[cGaps].Add(1)
+		h.c[cGaps].Add(1)
 		w.p.limited.logf(slog.LevelWarn, "events: sequence gap", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
 		if w.canReplay(h) {
 			w.replay(h, h.next, seq)
@@ -397,7 +397,7 @@ func (w *worker) step(h *holder, seq uint64) {
 		}
 	case seq > h.liveMax:
 		// Already applied from a replay that ran ahead of the live stream.
-		w.p.c.dups.Add(1)
+		w.p.c[cDups].Add(1)
 		h.liveMax = seq
 		return
 	default:
@@ -406,7 +406,7 @@ func (w *worker) step(h *holder, seq uint64) {
 	}
 	h.liveMax = max(h.liveMax, seq)
 	if seq < h.next {
-		w.p.c.dups.Add(1)
+		w.p.c[cDups].Add(1)
 		return
 	}
 	w.apply(h, &w.batch, seq)
@@ -437,7 +437,7 @@ func (w *worker) catchUp(h *holder, seq uint64) {
 }
 
 func (w *worker) decodeError(pod string, seq uint64, err error) {
-	w.p.c.decodeErrors.Add(1)
+	w.p.c[cDecodeErrors].Add(1)
 	if n := w.p.errCount(pod); n != nil {
 		n.Add(1)
 	}
@@ -447,8 +447,8 @@ func (w *worker) decodeError(pod string, seq uint64, err error) {
 // restart handles a sequence number that went backwards: a new engine
 // process with an empty cache.
 func (w *worker) restart(h *holder, seq uint64) {
-	w.p.c.restarts.Add(1)
-	h.restarts.Add(1)
+	w.p.c[cRestarts].Add(1)
+	h.c[cRestarts].Add(1)
 	w.p.log.Warn("events: engine restarted (sequence went backwards), clearing its entries",
 		"pod", h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq)
 	w.p.cfg.Sink.ClearHolder(h.model, h.id, "")
@@ -464,8 +464,8 @@ func (w *worker) restart(h *holder, seq uint64) {
 
 // unrecovered applies the gap policy to a range of batches that are lost.
 func (w *worker) unrecovered(h *holder, from, to uint64, why string) {
-	w.p.c.unrecovered.Add(1)
-	h.unrecovered.Add(1)
+	w.p.c[cUnrecovered].Add(1)
+	h.c[cUnrecovered].Add(1)
 	if to >= h.resyncSeq {
 		h.resyncing = false
 	}
@@ -521,7 +521,7 @@ func (w *worker) replay(h *holder, from, until uint64) {
 			w.unrecovered(h, h.next, seq-1, "range no longer in the replay buffer")
 		}
 		fresh = false
-		w.p.c.replayed.Add(1)
+		w.p.c[cReplayed].Add(1)
 		w.apply(h, &w.rbatch, seq)
 		if h.next >= until {
 			answered = true
@@ -536,10 +536,10 @@ func (w *worker) replay(h *holder, from, until uint64) {
 		// fn ended the replay and the transport failed closing it.
 		w.replayAnswered(h)
 	case errors.Is(err, context.DeadlineExceeded) && w.p.ctx.Err() == nil:
-		w.p.c.replayTimeouts.Add(1)
+		w.p.c[cReplayTimeouts].Add(1)
 		w.replayFailed(h, fmt.Errorf("not complete after %v: %w", w.p.cfg.ReplayDeadline, err))
 	case errors.Is(err, ErrReplayTimeout):
-		w.p.c.replayTimeouts.Add(1)
+		w.p.c[cReplayTimeouts].Add(1)
 		w.replayFailed(h, err)
 	default:
 		w.replayFailed(h, err)
@@ -547,8 +547,8 @@ func (w *worker) replay(h *holder, from, until uint64) {
 }
 
 func (w *worker) replayAnswered(h *holder) {
-	w.p.c.replays.Add(1)
-	h.replays.Add(1)
+	w.p.c[cReplays].Add(1)
+	h.c[cReplays].Add(1)
 }
 
 // replayBackoff is how long a holder whose replay failed goes without
@@ -557,7 +557,7 @@ const replayBackoff = 30 * time.Second
 
 func (w *worker) replayFailed(h *holder, err error) {
 	h.replayAfter = time.Now().Add(replayBackoff)
-	w.p.c.replayErrors.Add(1)
+	w.p.c[cReplayErrors].Add(1)
 	w.p.limited.logf(slog.LevelWarn, "events: replay failed", h.id.Pod, "rank", h.id.Rank, "err", err)
 }
 
@@ -612,13 +612,13 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 			sink.ClearHolder(h.model, h.id, "")
 			h.keepStale = false
 		default:
-			w.p.c.unknown.Add(1)
+			w.p.c[cUnknown].Add(1)
 			continue
 		}
 	}
-	w.p.c.events.Add(uint64(len(b.Events)))
-	w.p.c.blocks.Add(blocks)
-	w.p.c.batches.Add(1)
+	w.p.c[cEvents].Add(uint64(len(b.Events)))
+	w.p.c[cBlocks].Add(blocks)
+	w.p.c[cBatches].Add(1)
 	h.next = seq + 1
 	if seq >= h.resyncSeq {
 		h.resyncing = false
@@ -681,8 +681,8 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	if e.HasParent || n == 0 || e.GroupIdx != 0 || e.BlockSize <= 0 || len(e.TokenIDs) != n*e.BlockSize {
 		return
 	}
-	w.p.c.hashChecks.Add(1)
-	h.hashChecks.Add(1)
+	w.p.c[cHashChecks].Add(1)
+	h.c[cHashChecks].Add(1)
 	cfg := w.p.cfg.Hasher.Config()
 	cause := ""
 	if e.BlockSize != cfg.BlockSize {
@@ -722,8 +722,8 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	if !e.HasExtraKeys && e.BlockSize == cfg.BlockSize && h.matched {
 		return
 	}
-	w.p.c.hashMismatches.Add(1)
-	h.hashMismatches.Add(1)
+	w.p.c[cHashMismatches].Add(1)
+	h.c[cHashMismatches].Add(1)
 	now := time.Now()
 	if now.Sub(h.lastLog) < w.p.cfg.MismatchLogInterval {
 		return
@@ -735,7 +735,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		"if the engine's hashes cannot be reproduced, use content-key mode",
 		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
 		"router_algo", string(cfg.Algo), "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
-		"mismatches", h.hashMismatches.Load())
+		"mismatches", h.c[cHashMismatches].Load())
 }
 
 // maxTrackedGroups bounds the KV cache groups whose GPU block size a holder
@@ -771,8 +771,8 @@ func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
 	if want == 0 || e.BlockSize == want {
 		return false
 	}
-	w.p.c.chunkedOffload.Add(1)
-	n := h.chunkedOffload.Add(1)
+	w.p.c[cChunkedOffload].Add(1)
+	n := h.c[cChunkedOffload].Add(1)
 	now := time.Now()
 	if now.Sub(h.lastChunkLog) < w.p.cfg.MismatchLogInterval {
 		return true
