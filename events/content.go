@@ -53,8 +53,8 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	}
 	ck := w.p.cfg.ContentKeys
 	var parent index.Parent
-	if e.HasParent {
-		p, ok := h.content.get(e.Parent)
+	if ep, has := e.Parent.Get(); has {
+		p, ok := h.content.get(ep)
 		if !ok && len(e.TokenIDs) > 0 {
 			// The chain cannot continue from an unknown block; storing the
 			// blocks as a new chain would claim a prefix they are not.
@@ -68,7 +68,7 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	if len(e.TokenIDs) == 0 {
 		keys := w.resolvePrefix(h, e.BlockHashes)
 		if len(keys) > 0 {
-			w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Parent: parent, Keys: keys})
+			w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: keys})
 		}
 		return
 	}
@@ -94,7 +94,7 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	for i, k := range e.BlockHashes {
 		h.content.put(k, w.keys2[i])
 	}
-	w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Parent: parent, Keys: w.keys2})
+	w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: w.keys2})
 }
 
 // resolvePrefix maps engine keys to content keys up to the first unknown

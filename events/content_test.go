@@ -79,7 +79,7 @@ func TestHashCheckConvertsOnlyTheCheckedBlocksExtraKeys(t *testing.T) {
 		withLoRA, err := hs.BlockKeys(nil, hashing.Request{Tokens: tokens, LoRAName: "my-lora"})
 		require.NoError(t, err)
 		return &Event{Type: EventBlockStored, BlockHashes: withLoRA, TokenIDs: tokens, BlockSize: 4,
-			Medium: "GPU", ExtraKeys: raw, HasExtraKeys: true}
+			Medium: "GPU", ExtraKeys: Some(raw)}
 	}
 	short, long := event(2), event(256)
 	allocs := func(e *Event) float64 {

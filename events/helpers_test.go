@@ -33,7 +33,7 @@ func startProcessor(t testing.TB, cfg Config) *Processor {
 func storedTokens(parent *uint64, tokens []uint32, keys ...uint64) Event {
 	e := Event{Type: EventBlockStored, BlockHashes: keys, BlockSize: 4, Medium: "GPU", TokenIDs: tokens}
 	if parent != nil {
-		e.Parent, e.HasParent = *parent, true
+		e.Parent = Some(*parent)
 	}
 	return e
 }
@@ -61,4 +61,4 @@ func statusOf(p *Processor, h index.Holder) HolderStatus {
 	return HolderStatus{}
 }
 
-func batchOf(evs ...Event) Batch { return Batch{TS: 1, HasDPRank: true, Events: evs} }
+func batchOf(evs ...Event) Batch { return Batch{TS: 1, DPRank: Some(0), Events: evs} }

@@ -33,7 +33,7 @@ func (s *callSink) ClearHolder(string, index.Holder, string)           {}
 func applyEvents(t *testing.T, sink Sink, events ...Event) {
 	t.Helper()
 	p := startProcessor(t, Config{Sink: sink})
-	b := Batch{TS: 1, HasDPRank: true, Events: events}
+	b := Batch{DPRank: Some(0), TS: 1, Events: events}
 	p.Handle(t.Context(), Message{Pod: "pod", Model: "m", Seq: 0, Payload: AppendBatch(nil, &b, LayoutMap, 0)})
 	require.NoError(t, p.Sync(t.Context()))
 	require.Equal(t, uint64(1), p.Stats().Batches, "the batch was applied")
@@ -41,7 +41,7 @@ func applyEvents(t *testing.T, sink Sink, events ...Event) {
 
 func TestApplyStoresHybridSkipEventsOneKeyAtATimeWithoutParent(t *testing.T) {
 	t.Parallel()
-	withGroup := func(e Event, g int) Event { e.GroupIdx, e.HasGroupIdx = g, true; return e }
+	withGroup := func(e Event, g int) Event { e.GroupIdx = Some(g); return e }
 	cases := []struct {
 		name  string
 		event Event

@@ -114,7 +114,7 @@ func TestChunkedOffloadIsCountedAndWarnedOncePerHolderAndStillApplied(t *testing
 				seqs := map[int]uint64{}
 				for _, m := range tc.msgs {
 					b := batchOf(m.events...)
-					b.DPRank = m.rank
+					b.DPRank = Some(m.rank)
 					// Each rank numbers its own batches: a shared count
 					// would be a gap, and the gap policy a clear.
 					w.handle(message{Message: Message{Pod: "pod", Model: "m", Seq: seqs[m.rank], Payload: AppendBatch(nil, &b, layout, 0)}})

@@ -21,7 +21,7 @@ type engineModel struct {
 }
 
 func (m *engineModel) batch() Batch {
-	b := Batch{TS: 1, HasDPRank: true}
+	b := Batch{DPRank: Some(0), TS: 1}
 	for range 1 + m.rng.IntN(3) {
 		tier := []string{"GPU", "CPU"}[m.rng.IntN(2)]
 		switch r := m.rng.IntN(10); {

@@ -341,7 +341,7 @@ func (w *worker) handle(m message) {
 		w.closeMessage(m)
 		return
 	}
-	h := w.holder(&m, w.batch.DPRank)
+	h := w.holder(&m, w.batch.DPRank.Or(0))
 	if h == nil {
 		w.closeMessage(m)
 		return
@@ -505,7 +505,7 @@ func (w *worker) replay(h *holder, from, until uint64) {
 			w.decodeError(h.id.Pod, seq, err)
 			return true
 		}
-		if w.rbatch.DPRank != h.id.Rank {
+		if w.rbatch.DPRank.Or(0) != h.id.Rank {
 			return true
 		}
 		if seq >= until {
@@ -588,14 +588,14 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				// neither the parent nor any two keys are known to be
 				// consecutive, and the index must not chain them.
 				for j := range e.BlockHashes {
-					sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Keys: e.BlockHashes[j : j+1]})
+					sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Keys: e.BlockHashes[j : j+1]})
 				}
 			default:
 				var parent index.Parent
-				if e.HasParent {
-					parent = index.ParentKey(e.Parent)
+				if p, ok := e.Parent.Get(); ok {
+					parent = index.ParentKey(p)
 				}
-				sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx, Parent: parent, Keys: e.BlockHashes})
+				sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: e.BlockHashes})
 			}
 		case EventBlockRemoved:
 			blocks += uint64(len(e.BlockHashes))
@@ -604,7 +604,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				keys = w.resolve(h, keys)
 			}
 			if len(keys) > 0 {
-				sink.Remove(h.model, h.id, e.Medium, e.GroupIdx, keys)
+				sink.Remove(h.model, h.id, e.Medium, e.GroupIdx.Or(0), keys)
 			}
 		case EventAllBlocksCleared:
 			// vLLM's prefix-cache reset; every tier is cleared, so that no
@@ -635,11 +635,11 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 // checking the leading blocks of a long event stays cheap.
 func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 	req := hashing.Request{Tokens: tokens}
-	if !e.HasExtraKeys {
+	extra, ok := e.ExtraKeys.Get()
+	if !ok {
 		req.LoRAName = e.LoRAName
 		return req, nil
 	}
-	extra := e.ExtraKeys
 	if e.BlockSize > 0 {
 		extra = extra[:min(len(extra), len(tokens)/e.BlockSize)]
 	}
@@ -678,7 +678,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	n := len(e.BlockHashes)
 	// Block size 0 is a token-less offload event (vLLM's newer connector):
 	// nothing to rehash, though its lengths agree.
-	if e.HasParent || n == 0 || e.GroupIdx != 0 || e.BlockSize <= 0 || len(e.TokenIDs) != n*e.BlockSize {
+	if e.Parent.ok || n == 0 || e.GroupIdx.Or(0) != 0 || e.BlockSize <= 0 || len(e.TokenIDs) != n*e.BlockSize {
 		return
 	}
 	w.p.c[cHashChecks].Add(1)
@@ -719,7 +719,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	// Without the event's extra keys a multimodal item or cache salt the
 	// router cannot see changes the hash; such a lone mismatch on a holder
 	// that agreed before is not evidence of a settings mismatch.
-	if !e.HasExtraKeys && e.BlockSize == cfg.BlockSize && h.matched {
+	if !e.ExtraKeys.ok && e.BlockSize == cfg.BlockSize && h.matched {
 		return
 	}
 	w.p.c[cHashMismatches].Add(1)
@@ -750,7 +750,7 @@ const maxTrackedGroups = 16
 // its last block's hash, so the index sees every k-th block of the tier.
 // Events with block size 0 cannot be told apart and pass as exact.
 func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
-	g := e.GroupIdx
+	g := e.GroupIdx.Or(0)
 	if e.BlockSize <= 0 || g < 0 || g >= maxTrackedGroups {
 		return false
 	}

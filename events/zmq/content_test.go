@@ -17,13 +17,13 @@ import (
 func storedTokens(parent *uint64, tokens []uint32, keys ...uint64) events.Event {
 	e := events.Event{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: 4, Medium: "GPU", TokenIDs: tokens}
 	if parent != nil {
-		e.Parent, e.HasParent = *parent, true
+		e.Parent = events.Some(*parent)
 	}
 	return e
 }
 
 func batchOf(evs ...events.Event) events.Batch {
-	return events.Batch{TS: 1, HasDPRank: true, Events: evs}
+	return events.Batch{DPRank: events.Some(0), TS: 1, Events: evs}
 }
 
 func TestContentModeKeysBlocksByTokensAndResolvesEngineKeys(t *testing.T) {
@@ -77,7 +77,7 @@ func TestHashCheckRunsOnlyOnEventsStartingAtBlockZero(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: "kv@pod@m"})
 	warmUp(t, p, s, 0)
 	withExtras := func(e events.Event) events.Event {
-		e.HasExtraKeys, e.ExtraKeys = true, make([][]byte, len(e.BlockHashes))
+		e.ExtraKeys = events.Some(make([][]byte, len(e.BlockHashes)))
 		return e
 	}
 	publish(t, p,

@@ -33,7 +33,7 @@ func ingestPayloads(pod int, cycle int) [][]byte {
 	}
 	out := make([][]byte, cycle)
 	for i := range out {
-		b := events.Batch{TS: 1, HasDPRank: true}
+		b := events.Batch{DPRank: events.Some(0), TS: 1}
 		for e := range nEvents {
 			b.Events = append(b.Events, events.Event{Type: events.EventBlockStored, BlockSize: 16, Medium: "GPU",
 				BlockHashes: keys[i][e*blocks : (e+1)*blocks], TokenIDs: tokens})

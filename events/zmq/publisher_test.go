@@ -51,7 +51,8 @@ func TestPublisherWireFormat(t *testing.T) {
 			var b events.Batch
 			require.NoError(t, events.NewDecoder().Decode(frames[2], &b))
 			require.Equal(t, events.EventAllBlocksCleared, b.Events[0].Type)
-			require.False(t, b.HasDPRank)
+			_, hasRank := b.DPRank.Get()
+			require.False(t, hasRank)
 
 			var last uint64
 			for range 3 {

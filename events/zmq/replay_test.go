@@ -26,7 +26,7 @@ func startScriptedReplay(t *testing.T, endpoint string, answer func(from uint64,
 		if from > 0 {
 			answer(from, send)
 		}
-		send(^uint64(0), events.Batch{TS: 1, HasDPRank: true})
+		send(^uint64(0), events.Batch{DPRank: events.Some(0), TS: 1})
 	})
 }
 
@@ -107,7 +107,7 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 				if !send(from, stored(0, nil, 1)) {
 					return
 				}
-				for seq := from + 1; send(seq, events.Batch{TS: 1, HasDPRank: true}); seq++ {
+				for seq := from + 1; send(seq, events.Batch{TS: 1, DPRank: events.Some(0)}); seq++ {
 					time.Sleep(5 * time.Millisecond)
 				}
 			},
@@ -116,7 +116,7 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 		{
 			name: "endpoint trickling batches already applied",
 			answer: func(from uint64, send replySender) {
-				for send(from-1, events.Batch{TS: 1, HasDPRank: true}) {
+				for send(from-1, events.Batch{TS: 1, DPRank: events.Some(0)}) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			},
@@ -142,7 +142,7 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 			require.NoError(t, s.AddPod("other", localEP(other), ""))
 			warmUp(t, p, s, 0)
 			warmUp(t, bystander, s, 0)
-			seq, err := p.Publish(&events.Batch{TS: 1, HasDPRank: true})
+			seq, err := p.Publish(&events.Batch{DPRank: events.Some(0), TS: 1})
 			require.NoError(t, err)
 			drop.Store(int64(seq + 1))
 			publish(t, p, stored(0, nil, 1), stored(0, nil, 2))

@@ -65,7 +65,7 @@ func warmUp(t testing.TB, p *Publisher, s *Subscriber, rank int) {
 	defer cancel()
 	require.NoError(t, p.WaitSubscribed(ctx), "the subscription never reached the publisher")
 	before := s.Stats().Batches
-	_, err := p.Publish(&events.Batch{TS: 1, DPRank: rank, HasDPRank: true})
+	_, err := p.Publish(&events.Batch{TS: 1, DPRank: events.Some(rank)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return s.Stats().Batches > before }, waitLong, time.Millisecond,
 		"no batch reached the subscriber")
@@ -74,9 +74,9 @@ func warmUp(t testing.TB, p *Publisher, s *Subscriber, rank int) {
 func stored(rank int, parent *uint64, keys ...uint64) events.Batch {
 	e := events.Event{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: 4, Medium: "GPU"}
 	if parent != nil {
-		e.Parent, e.HasParent = *parent, true
+		e.Parent = events.Some(*parent)
 	}
-	return events.Batch{TS: 1, DPRank: rank, HasDPRank: true, Events: []events.Event{e}}
+	return events.Batch{TS: 1, DPRank: events.Some(rank), Events: []events.Event{e}}
 }
 
 func publish(t testing.TB, p *Publisher, bs ...events.Batch) {
@@ -231,7 +231,7 @@ func TestGapIsRecoveredByReplayInBothFormats(t *testing.T) {
 			h := index.Holder{Pod: "pod"}
 			// Joining after seq 0 may already have fetched the earlier batches.
 			replaysBefore := statusOf(s, h).Replays
-			seq, err := p.Publish(&events.Batch{TS: 1, HasDPRank: true})
+			seq, err := p.Publish(&events.Batch{DPRank: events.Some(0), TS: 1})
 			require.NoError(t, err)
 			drop.Store(int64(seq + 2))
 			publish(t, p, stored(0, nil, 1), stored(0, ptr(1), 2), stored(0, ptr(2), 3))
@@ -270,12 +270,12 @@ func TestUnrecoverableGapFollowsThePolicy(t *testing.T) {
 				Drop: func(seq uint64) bool { return int64(seq) == drop.Load() }})
 			require.NoError(t, s.AddPod("pod", localEP(port), ""))
 			warmUp(t, p, s, 0)
-			seq, err := p.Publish(&events.Batch{TS: 1, HasDPRank: true})
+			seq, err := p.Publish(&events.Batch{DPRank: events.Some(0), TS: 1})
 			require.NoError(t, err)
 			drop.Store(int64(seq + 2))
 			// Block 1 stored, the batch removing it lost, block 3 stored.
 			publish(t, p, stored(0, nil, 1))
-			publish(t, p, events.Batch{TS: 1, HasDPRank: true, Events: []events.Event{{Type: events.EventBlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}}})
+			publish(t, p, events.Batch{TS: 1, DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}}})
 			publish(t, p, stored(0, nil, 3))
 			h := index.Holder{Pod: "pod"}
 			requireKeys(t, sink, "m", h, "GPU", tc.keys...)
@@ -285,7 +285,7 @@ func TestUnrecoverableGapFollowsThePolicy(t *testing.T) {
 			require.Equal(t, tc.state, st.State)
 			require.Equal(t, tc.cleared, sink.ClearCount(h))
 
-			publish(t, p, events.Batch{TS: 1, HasDPRank: true, Events: []events.Event{{Type: events.EventAllBlocksCleared}}})
+			publish(t, p, events.Batch{TS: 1, DPRank: events.Some(0), Events: []events.Event{{Type: events.EventAllBlocksCleared}}})
 			require.Eventually(t, func() bool { return statusOf(s, h).State == tc.afterClrd && len(sink.Keys("m", h, "GPU")) == 0 },
 				waitLong, 10*time.Millisecond)
 		})
@@ -301,7 +301,7 @@ func TestEngineRestartClearsTheHolderThenApplies(t *testing.T) {
 	first := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: "kv@pod@m"})
 	warmUp(t, first, s, 0)
 	for range 50 {
-		publish(t, first, events.Batch{TS: 1, HasDPRank: true})
+		publish(t, first, events.Batch{DPRank: events.Some(0), TS: 1})
 	}
 	publish(t, first, stored(0, nil, 1, 2))
 	requireKeys(t, sink, "m", h, "GPU", 1, 2)
@@ -413,7 +413,7 @@ func TestGapBeyondTheReplayBufferClearsThenAppliesWhatIsLeft(t *testing.T) {
 	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
 	warmUp(t, p, s, 0)
 	h := index.Holder{Pod: "pod"}
-	seq, err := p.Publish(&events.Batch{TS: 1, HasDPRank: true})
+	seq, err := p.Publish(&events.Batch{DPRank: events.Some(0), TS: 1})
 	require.NoError(t, err)
 	publish(t, p, stored(0, nil, 1))
 	requireKeys(t, sink, "m", h, "GPU", 1)
@@ -458,7 +458,7 @@ func TestBindModeReplaysEachRankFromItsOwnPort(t *testing.T) {
 		Drop: func(seq uint64) bool { return int64(seq) == drop.Load() }})
 	warmUp(t, r0, s, 0)
 	warmUp(t, r1, s, 1)
-	seq, err := r1.Publish(&events.Batch{TS: 1, DPRank: 1, HasDPRank: true})
+	seq, err := r1.Publish(&events.Batch{TS: 1, DPRank: events.Some(1)})
 	require.NoError(t, err)
 	drop.Store(int64(seq + 1))
 	publish(t, r1, stored(1, nil, 5), stored(1, nil, 6))
@@ -481,7 +481,7 @@ func TestDeadReplayEndpointFailsOnceThenBacksOff(t *testing.T) {
 		Drop: func(seq uint64) bool { return int64(seq) == drop1.Load() || int64(seq) == drop2.Load() }})
 	require.NoError(t, s.AddPod("pod", localEP(port), localEP(dead)))
 	warmUp(t, p, s, 0)
-	seq, err := p.Publish(&events.Batch{TS: 1, HasDPRank: true})
+	seq, err := p.Publish(&events.Batch{DPRank: events.Some(0), TS: 1})
 	require.NoError(t, err)
 	drop1.Store(int64(seq + 1))
 	drop2.Store(int64(seq + 3))
@@ -504,7 +504,7 @@ func TestRestartedEngineFetchesTheFirstBatchesItsSubscriberMissed(t *testing.T) 
 	first := newPublisher(t, PublisherConfig{Connect: localEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@pod@m"})
 	warmUp(t, first, s, 0)
 	for range 50 {
-		publish(t, first, events.Batch{TS: 1, HasDPRank: true})
+		publish(t, first, events.Batch{DPRank: events.Some(0), TS: 1})
 	}
 	publish(t, first, stored(0, nil, 1, 2))
 	requireKeys(t, sink, "m", h, "GPU", 1, 2)
@@ -540,7 +540,7 @@ func TestReplayEndingPartWayThroughAJoinAppliesTheGapPolicy(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{Bind: anyEP(port), Topic: "kv@pod@m",
 		Drop: func(seq uint64) bool { return seq < 2 }})
 	publish(t, p, stored(0, nil, 1),
-		events.Batch{TS: 1, HasDPRank: true, Events: []events.Event{{Type: events.EventBlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}}})
+		events.Batch{TS: 1, DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"}}})
 	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
 	h := index.Holder{Pod: "pod"}
 	require.Eventually(t, func() bool {
@@ -624,7 +624,7 @@ func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing
 	var last uint64
 	for i := range uint64(batches) {
 		var err error
-		last, err = p.Publish(&events.Batch{TS: 1, HasDPRank: true, Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: []uint64{100 + i}, Medium: "GPU"}}})
+		last, err = p.Publish(&events.Batch{TS: 1, DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: []uint64{100 + i}, Medium: "GPU"}}})
 		require.NoError(t, err)
 	}
 	// Released before every batch has reached the receive loop, the worker

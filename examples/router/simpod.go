@@ -293,7 +293,7 @@ func (p *SimPod) store(tokens []uint32, blocks []hashing.Block) {
 				}
 			}
 			if i > 0 {
-				e.Parent, e.HasParent = blocks[i-1].Key, true
+				e.Parent = events.Some(blocks[i-1].Key)
 			}
 			e.TokenIDs = tokens[i*bs : j*bs]
 			batch.Events = append(batch.Events, e)
