@@ -22,6 +22,7 @@ import (
 	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -35,7 +36,7 @@ type serveService struct {
 	log    *slog.Logger
 	hasher *hashing.Hasher
 	idx    *index.Index
-	sub    *events.Subscriber
+	sub    *zmq.Subscriber
 	pk     *picker.Picker
 
 	reg       *prometheus.Registry
@@ -48,8 +49,6 @@ type serveService struct {
 	stopSub  context.CancelFunc
 	subDone  chan error
 	shutdown sync.Once
-	// subStopTimeout bounds how long Shutdown waits for the subscriber.
-	subStopTimeout time.Duration
 
 	// pulls holds the pull decisions by request id until POST /v1/done
 	// releases them or the in-flight TTL passes.
@@ -69,13 +68,13 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull](),
-		subStopTimeout: serveSubStopTimeout}
+	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
 	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
-	s.sub, err = events.NewSubscriber(events.Config{
-		Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log,
+	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{
+		Events: events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log},
+		Bind:   cfg.EventsBind,
 	})
 	if err != nil {
 		return nil, err
@@ -206,29 +205,25 @@ func (s *serveService) Start(ctx context.Context) error {
 // Addr returns the address the HTTP API listens on.
 func (s *serveService) Addr() string { return s.ln.Addr().String() }
 
-// serveSubStopTimeout is how long Shutdown waits for the subscriber to stop.
-const serveSubStopTimeout = 10 * time.Second
-
 // Shutdown stops accepting requests, waits for those in flight, stops the
-// subscriber and saves the snapshot when one is configured. A subscriber
-// that has not stopped after subStopTimeout is logged and left behind: the
-// snapshot is saved all the same (saveSnapshot is correct while events
-// flow) and Shutdown returns an error saying so.
+// subscriber (which returns within a second, replays included) and saves
+// the snapshot when one is configured. A subscriber that has not stopped
+// when ctx is done is logged and left behind: the snapshot is saved all the
+// same (saveSnapshot is correct while events flow) and Shutdown returns an
+// error saying so.
 func (s *serveService) Shutdown(ctx context.Context) error {
 	var err error
 	s.shutdown.Do(func() {
 		err = s.http.Shutdown(ctx)
 		s.stopSub()
-		t := time.NewTimer(s.subStopTimeout)
-		defer t.Stop()
 		select {
 		case serr := <-s.subDone:
 			if serr != nil && !errors.Is(serr, context.Canceled) {
 				err = errors.Join(err, fmt.Errorf("events: %w", serr))
 			}
-		case <-t.C:
-			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it", "timeout", s.subStopTimeout)
-			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop within %v", s.subStopTimeout))
+		case <-ctx.Done():
+			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it")
+			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop: %w", ctx.Err()))
 		}
 		if s.cfg.Snapshot != "" {
 			err = errors.Join(err, s.saveSnapshot())

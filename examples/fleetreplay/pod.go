@@ -226,14 +226,15 @@ func (p *pod) store(r *request, from, to int, tier string) {
 		e := p.event(events.EventBlockStored, tier)
 		e.BlockHashes = append(e.BlockHashes, keys[a:b]...)
 		if a > 0 {
-			e.Parent, e.HasParent = keys[a-1], true
+			e.Parent = events.Some(keys[a-1])
 		}
 		e.TokenIDs = r.appendTokens(e.TokenIDs, a*bs, b*bs)
 		e.BlockSize = bs
 		if salt := r.prefix.rootSalt(); salt != "" && a == 0 {
 			// vLLM's cache_salt is block 0's extra key.
-			e.ExtraKeys, e.HasExtraKeys = make([][]byte, b-a), true
-			e.ExtraKeys[0] = saltExtraKeys(salt)
+			extra := make([][]byte, b-a)
+			extra[0] = saltExtraKeys(salt)
+			e.ExtraKeys = events.Some(extra)
 		}
 		if tier == index.TierCPU {
 			f.sdk.offloaded(p, r, a, b)
