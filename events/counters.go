@@ -25,8 +25,14 @@ const (
 	cHashChecks
 	cHashMismatches
 	cUnresolved
-	cHolderLimit
+	cEvicted
 	cChunkedOffload
+	cBadTopic
+	cSenderMismatch
+	cConflicts
+	cConflictDropped
+	cDisconnects
+	cExpired
 	numCounters
 )
 
@@ -78,7 +84,14 @@ var Counters = []Counter{
 	{"hash_mismatches", "Hash agreement checks that failed: engine and router hash differently.", func(s *Stats) *uint64 { return &s.HashMismatches },
 		func(h *HolderStatus) *uint64 { return &h.HashMismatches }, cHashMismatches},
 	{"unresolved_blocks", "Content-key mode: blocks whose content key was unknown.", func(s *Stats) *uint64 { return &s.Unresolved }, nil, cUnresolved},
-	{"holder_limit", "Messages dropped because their new holder would pass the holder limit.", func(s *Stats) *uint64 { return &s.HolderLimit }, nil, cHolderLimit},
+	{"holders_evicted", "Holders forgotten, their entries cleared, to make room for a new one at the holder limit.", func(s *Stats) *uint64 { return &s.Evicted }, nil, cEvicted},
 	{"chunked_offload", "Offload-tier events whose block size differs from the GPU tier's: their CPU-tier lookups undercount.", func(s *Stats) *uint64 { return &s.ChunkedOffload },
 		func(h *HolderStatus) *uint64 { return &h.ChunkedOffload }, cChunkedOffload},
+	{"bad_topic", "Messages dropped because their pod name is not host:port, [v6]:port or dns-name:port of printable ASCII, at most 253 bytes.", func(s *Stats) *uint64 { return &s.BadTopic }, nil, cBadTopic},
+	{"sender_mismatch", "Messages dropped because their sender may not publish for the pod they name (bind mode).", func(s *Stats) *uint64 { return &s.SenderMismatch }, nil, cSenderMismatch},
+	{"conflicts", "Holders put in state conflict: two interleaved sequence streams under one name.", func(s *Stats) *uint64 { return &s.Conflicts },
+		func(h *HolderStatus) *uint64 { return &h.Conflicts }, cConflicts},
+	{"conflict_dropped", "Messages of holders in state conflict, dropped.", func(s *Stats) *uint64 { return &s.ConflictDropped }, nil, cConflictDropped},
+	{"disconnects", "Pods whose connection went down.", func(s *Stats) *uint64 { return &s.Disconnects }, nil, cDisconnects},
+	{"snapshot_expired", "Holders restored from a snapshot and never heard from, removed after Config.SnapshotExpiry.", func(s *Stats) *uint64 { return &s.SnapshotExpired }, nil, cExpired},
 }

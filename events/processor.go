@@ -119,10 +119,32 @@ type Config struct {
 	// MaxHolders bounds the holders (pod, data-parallel rank pairs) the
 	// processor tracks, and the pods it keeps per-pod state for: a peer
 	// may name any pod and any rank, so without a bound it could grow the
-	// processor's state without end. Messages of a new holder past the
-	// bound are dropped (Stats.HolderLimit, and a rate-limited log line);
-	// holders already known are unaffected. Default 4096.
+	// processor's state without end. A new holder past the bound makes
+	// room: the least recently heard holder, those not live first
+	// (stale, disconnected, in conflict), is forgotten and its entries
+	// cleared (Stats.Evicted, and a rate-limited log line), so that a new
+	// real pod is never locked out by names a peer made up. Default 4096.
 	MaxHolders int
+	// SnapshotExpiry is how long a holder of InitialSeqs that is never
+	// heard from keeps its entries: after it the processor removes them
+	// from the Sink and forgets its sequence number (when the Sink
+	// implements HolderRemover, as *index.Index does), so that pods
+	// gone for good, or names a peer made up before a restart, do not
+	// stay for ever. Default 10 minutes.
+	SnapshotExpiry time.Duration
+	// ConflictWindow is how close together ConflictRestarts sequence
+	// numbers going backwards must come for a holder to be in state
+	// conflict: two engines publishing under one name, or a peer
+	// replaying old numbers. A holder in conflict has its entries cleared
+	// once, its messages dropped (counted) and is no pull source, until no
+	// number went backwards for a whole window; then it starts again as a
+	// new holder. Default one minute.
+	ConflictWindow time.Duration
+	// ConflictRestarts is the number of backwards sequence numbers within
+	// ConflictWindow that put a holder in conflict; default 3. An engine
+	// restarts in tens of seconds at best, so three in a minute is not
+	// one engine.
+	ConflictRestarts int
 	// Logger receives the processor's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -173,11 +195,16 @@ type Processor struct {
 	workers []*worker
 	wg      sync.WaitGroup
 	closed  bool
+	stop    chan struct{} // closed by Close, for the snapshot expiry timer
 
 	holders  sync.Map // index.Holder -> *holder
 	nHolders atomic.Int64
-	pods     sync.Map // pod -> *podState
-	nPods    atomic.Int64
+	evictMu  sync.Mutex // one eviction at a time, so two cannot pick one victim
+	// down holds the pods whose transport reported their connection down.
+	down  sync.Map // pod -> struct{}
+	nDown atomic.Int64
+	pods  sync.Map // pod -> *podState
+	nPods atomic.Int64
 	// overflow counts the messages of pods past Config.MaxHolders pods
 	// together; their replays run on the worker, so that they too are
 	// handled in the order they were handed.
@@ -223,6 +250,15 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if cfg.MaxHolders <= 0 {
 		cfg.MaxHolders = 4096
 	}
+	if cfg.SnapshotExpiry <= 0 {
+		cfg.SnapshotExpiry = 10 * time.Minute
+	}
+	if cfg.ConflictWindow <= 0 {
+		cfg.ConflictWindow = time.Minute
+	}
+	if cfg.ConflictRestarts <= 0 {
+		cfg.ConflictRestarts = 3
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -251,6 +287,19 @@ func (p *Processor) Start(ctx context.Context) error {
 		p.workers[i] = w
 		p.wg.Go(w.run)
 	}
+	if _, ok := p.cfg.Sink.(HolderRemover); ok && len(p.cfg.InitialSeqs) > 0 {
+		p.stop = make(chan struct{})
+		p.wg.Go(func() {
+			t := time.NewTimer(p.cfg.SnapshotExpiry)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				p.expireSnapshot()
+			case <-ctx.Done():
+			case <-p.stop:
+			}
+		})
+	}
 	return nil
 }
 
@@ -266,6 +315,9 @@ func (p *Processor) Close() {
 	}
 	p.closed = true
 	p.mu.Unlock()
+	if p.stop != nil {
+		close(p.stop)
+	}
 	for _, w := range p.workers {
 		close(w.in)
 	}
@@ -282,6 +334,13 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 		return
 	}
 	p.c[cMessages].Add(1)
+	if _, known := p.pods.Load(m.Pod); !known {
+		if err := ValidPodName(m.Pod); err != nil {
+			p.c[cBadTopic].Add(1)
+			p.limited.logAny(slog.LevelWarn, "events: dropped message of an invalid pod name", logName(m.Pod), "seq", m.Seq, "err", err)
+			return
+		}
+	}
 	msg := message{Message: m, ps: p.podState(m.Pod)}
 	if msg.ps == nil {
 		msg.ps = &p.overflow
@@ -458,12 +517,18 @@ type Stats struct {
 	HashChecks     uint64 // hash agreement checks run
 	HashMismatches uint64 // hash agreement checks that failed
 	Unresolved     uint64 // content mode: blocks whose content key was unknown
-	HolderLimit    uint64 // dropped: their holder would be new and pass Config.MaxHolders
+	Evicted        uint64 // holders forgotten to make room at Config.MaxHolders
 	// ChunkedOffload counts offload-tier BlockStored events (applied as
 	// usual) whose non-zero block size differs from the GPU tier's: the
 	// offloading connector keys one block per chunk of several GPU blocks,
 	// so lookups in that tier undercount (see the package doc).
-	ChunkedOffload uint64
+	ChunkedOffload  uint64
+	BadTopic        uint64 // dropped: the pod name is not valid (ValidPodName)
+	SenderMismatch  uint64 // dropped: the sender may not publish for the pod it names
+	Conflicts       uint64 // holders put in state conflict
+	ConflictDropped uint64 // messages of holders in conflict, dropped
+	Disconnects     uint64 // pod connections that went down
+	SnapshotExpired uint64 // InitialSeqs holders never heard from, removed
 }
 
 // HolderStatus is the state of one holder's event stream.
@@ -484,9 +549,10 @@ type HolderStatus struct {
 	// ChunkedOffload counts the holder's offload-tier BlockStored events
 	// whose block size differs from its GPU tier's (Stats.ChunkedOffload).
 	ChunkedOffload uint64 `json:"chunked_offload"`
-	// State is "live", or "stale" while the holder's entries may include
-	// blocks the engine no longer has (GapKeep after an unrecovered gap, or
-	// a dropped message not yet resolved).
+	// Conflicts counts the times the holder was put in state conflict.
+	Conflicts uint64 `json:"conflicts"`
+	// State is one of the State* constants: whether the holder's entries
+	// can be trusted and it may serve pulls (Processor.Source).
 	State string `json:"state"`
 }
 
@@ -510,7 +576,7 @@ func (p *Processor) Status() []HolderStatus {
 	seen := map[string]bool{}
 	p.holders.Range(func(_, v any) bool {
 		h := v.(*holder)
-		st := h.status()
+		st := h.status(p)
 		if n, ok := p.errPods.Load(h.id.Pod); ok {
 			st.DecodeErrors = n.(*atomic.Uint64).Load()
 		}

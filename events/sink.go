@@ -19,3 +19,11 @@ type Sink interface {
 	Remove(model string, h index.Holder, tier string, group int, keys []uint64)
 	ClearHolder(model string, h index.Holder, tier string) // tier "" = all tiers
 }
+
+// HolderRemover is implemented by a Sink that can forget a holder in every
+// model at once, which a Processor needs to expire the holders of
+// Config.InitialSeqs it never hears from (their models are not known).
+// *index.Index implements it.
+type HolderRemover interface {
+	RemoveHolder(h index.Holder)
+}

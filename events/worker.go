@@ -42,14 +42,26 @@ type holder struct {
 	gpuBlockSize []int
 	lastChunkLog time.Time
 
-	c       counters // those of Counters kept per holder
-	lastSeq atomic.Uint64
-	stale   atomic.Bool
-	hasSeq  atomic.Bool // lastSeq is a batch applied (or InitialSeqs)
+	// backs are the times of the latest sequence numbers that went
+	// backwards, at most Config.ConflictRestarts; in conflict, lastBack
+	// is the latest and lastConflictSeq the latest number received.
+	backs           []time.Time
+	lastBack        time.Time
+	lastConflictSeq uint64
+
+	c        counters // those of Counters kept per holder
+	lastSeq  atomic.Uint64
+	stale    atomic.Bool
+	hasSeq   atomic.Bool  // lastSeq is a batch applied (or InitialSeqs)
+	heard    atomic.Bool  // a batch applied since the processor started
+	heardAt  atomic.Int64 // Unix nanoseconds of its latest message
+	conflict atomic.Bool  // in state conflict
+	// evicted: Processor.evict forgot it; its worker clears its entries.
+	evicted atomic.Bool
 }
 
-func (h *holder) status() HolderStatus {
-	st := HolderStatus{Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), State: "live"}
+func (h *holder) status(p *Processor) HolderStatus {
+	st := HolderStatus{Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), State: p.state(h)}
 	for _, c := range Counters {
 		if c.Holder != nil {
 			*c.Holder(&st) = h.c[c.id].Load()
@@ -57,9 +69,6 @@ func (h *holder) status() HolderStatus {
 	}
 	if m := h.statModel.Load(); m != nil {
 		st.Model = *m
-	}
-	if h.stale.Load() {
-		st.State = "stale"
 	}
 	return st
 }
@@ -91,8 +100,17 @@ func (pq *pending) resync(dropped uint64) {
 
 type pendingItem struct {
 	m       message
-	resync  bool   // a resync of the pod, not a message
-	dropped uint64 // of a resync: the highest dropped sequence number
+	resync  bool    // a resync of the pod, not a message
+	dropped uint64  // of a resync: the highest dropped sequence number
+	evict   *holder // an eviction of the pod's holder, not a message
+}
+
+// chore is work another goroutine posts to a worker: an eviction of one of
+// its holders, or the expiry of the snapshot's holders it has not heard
+// from.
+type chore struct {
+	evict  *holder
+	expire bool
 }
 
 type worker struct {
@@ -118,7 +136,10 @@ type worker struct {
 
 	resyncMu   sync.Mutex
 	resyncPods map[string]uint64 // pod -> highest dropped sequence number
+	chores     []chore
 	resyncSig  chan struct{}
+	// snapshotExpired: Config.InitialSeqs no longer applies to new holders.
+	snapshotExpired bool
 }
 
 func newWorker(p *Processor) *worker {
@@ -194,9 +215,12 @@ func (w *worker) resume(pod string) {
 			next.queue = append(next.queue, pq.queue[i:]...)
 			return
 		}
-		if it.resync {
+		switch {
+		case it.evict != nil:
+			w.evictHolder(it.evict)
+		case it.resync:
 			w.resyncPod(pod, it.dropped)
-		} else {
+		default:
 			w.handle(it.m)
 		}
 	}
@@ -230,11 +254,31 @@ func (w *worker) markResync(pod string, seq uint64) {
 	}
 }
 
+// post queues c for the worker's goroutine.
+func (w *worker) post(c chore) {
+	w.resyncMu.Lock()
+	w.chores = append(w.chores, c)
+	w.resyncMu.Unlock()
+	select {
+	case w.resyncSig <- struct{}{}:
+	default:
+	}
+}
+
 func (w *worker) resync() {
 	w.resyncMu.Lock()
 	pods := w.resyncPods
 	w.resyncPods = map[string]uint64{}
+	chores := w.chores
+	w.chores = nil
 	w.resyncMu.Unlock()
+	for _, c := range chores {
+		if c.expire {
+			w.expire()
+		} else {
+			w.evictHolder(c.evict)
+		}
+	}
 	for pod, dropped := range pods {
 		if pq := w.busy[pod]; pq != nil {
 			pq.resync(dropped)
@@ -297,24 +341,74 @@ func (w *worker) canReplay(h *holder) bool {
 	return h.replay != nil && !time.Now().Before(h.replayAfter) && w.p.ctx.Err() == nil
 }
 
-// holder returns the holder of rank of m's pod, creating it when new; nil,
-// the message counted and logged as dropped, when it is new and the
-// processor holds Config.MaxHolders holders already.
+// evictHolder clears the entries of h, which Processor.evict forgot,
+// unless it was replaced already; behind its pod's running replay, if any.
+func (w *worker) evictHolder(h *holder) {
+	if w.holders[h.id] != h {
+		return
+	}
+	if pq := w.busy[h.id.Pod]; pq != nil {
+		pq.queue = append(pq.queue, pendingItem{evict: h})
+		return
+	}
+	delete(w.holders, h.id)
+	w.removeHolder(h.id, h.model)
+}
+
+func (w *worker) removeHolder(id index.Holder, model string) {
+	if r, ok := w.p.cfg.Sink.(HolderRemover); ok {
+		r.RemoveHolder(id)
+		return
+	}
+	w.p.cfg.Sink.ClearHolder(model, id, "")
+}
+
+// expire removes the holders of Config.InitialSeqs this worker has not
+// heard from, and stops applying InitialSeqs to new holders.
+func (w *worker) expire() {
+	w.snapshotExpired = true
+	for id := range w.p.cfg.InitialSeqs {
+		if w.p.workerOf(id.Pod) != w {
+			continue
+		}
+		h := w.holders[id]
+		if h != nil && (h.heard.Load() || w.busy[id.Pod] != nil) {
+			continue
+		}
+		if h != nil {
+			delete(w.holders, id)
+			w.p.holders.Delete(id)
+			w.p.nHolders.Add(-1)
+		}
+		w.p.cfg.Sink.(HolderRemover).RemoveHolder(id)
+		w.p.c[cExpired].Add(1)
+		w.p.limited.logAny(slog.LevelInfo, "events: holder restored from the snapshot and never heard from, removed",
+			id.Pod, "rank", id.Rank, "after", w.p.cfg.SnapshotExpiry)
+	}
+}
+
+// holder returns the holder of rank of m's pod, creating it when new (at
+// Config.MaxHolders after evicting another); nil, the message counted and
+// logged as dropped, when there was no room.
 func (w *worker) holder(m *message, rank int) *holder {
 	id := index.Holder{Pod: m.Pod, Rank: rank}
 	h := w.holders[id]
+	if h != nil && h.evicted.Load() {
+		w.evictHolder(h)
+		h = nil
+	}
 	if h == nil {
 		if w.p.nHolders.Add(1) > int64(w.p.cfg.MaxHolders) {
+			evicted := w.p.evict()
 			w.p.nHolders.Add(-1)
-			w.p.c[cHolderLimit].Add(1)
-			// Limited across pods: a peer inventing names must not flood
-			// the log either.
-			w.p.limited.logAny(slog.LevelWarn, "events: holder limit reached, dropping a new holder's message",
-				m.Pod, "rank", rank, "seq", m.Seq, "max_holders", w.p.cfg.MaxHolders)
-			return nil
+			if !evicted {
+				w.p.limited.logAny(slog.LevelWarn, "events: holder limit reached and no holder to evict, dropping a new holder's message",
+					m.Pod, "rank", rank, "seq", m.Seq, "max_holders", w.p.cfg.MaxHolders)
+				return nil
+			}
 		}
 		h = &holder{id: id}
-		if seq, ok := w.p.cfg.InitialSeqs[id]; ok {
+		if seq, ok := w.p.cfg.InitialSeqs[id]; ok && !w.snapshotExpired {
 			h.started, h.next, h.liveMax = true, seq+1, seq
 			h.lastSeq.Store(seq)
 			h.hasSeq.Store(true)
@@ -326,6 +420,7 @@ func (w *worker) holder(m *message, rank int) *holder {
 		w.p.holders.Store(id, h)
 	}
 	h.replay = m.Replay
+	h.heardAt.Store(time.Now().UnixNano())
 	if h.model != m.Model {
 		h.model = m.Model
 		h.statModel.Store(&m.Model)
@@ -342,7 +437,7 @@ func (w *worker) handle(m message) {
 		return
 	}
 	h := w.holder(&m, w.batch.DPRank.Or(0))
-	if h == nil {
+	if h == nil || (h.conflict.Load() && w.conflicted(h, m.Seq)) {
 		w.closeMessage(m)
 		return
 	}
@@ -361,7 +456,7 @@ func (w *worker) handle(m message) {
 
 // replays reports whether step(h, seq) would replay.
 func (w *worker) replays(h *holder, seq uint64) bool {
-	if !w.canReplay(h) {
+	if !w.canReplay(h) || h.conflict.Load() {
 		return false
 	}
 	switch {
@@ -401,6 +496,9 @@ func (w *worker) step(h *holder, seq uint64) {
 		h.liveMax = seq
 		return
 	default:
+		if w.enterConflict(h, seq) {
+			return
+		}
 		w.restart(h, seq)
 		w.catchUp(h, seq)
 	}
@@ -449,8 +547,8 @@ func (w *worker) decodeError(pod string, seq uint64, err error) {
 func (w *worker) restart(h *holder, seq uint64) {
 	w.p.c[cRestarts].Add(1)
 	h.c[cRestarts].Add(1)
-	w.p.log.Warn("events: engine restarted (sequence went backwards), clearing its entries",
-		"pod", h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq)
+	w.p.limited.logf(slog.LevelWarn, "events: engine restarted (sequence went backwards), clearing its entries",
+		h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq)
 	w.p.cfg.Sink.ClearHolder(h.model, h.id, "")
 	if h.content != nil {
 		h.content.reset()
@@ -460,6 +558,63 @@ func (w *worker) restart(h *holder, seq uint64) {
 	h.matched = false
 	h.gpuBlockSize = h.gpuBlockSize[:0]
 	h.setStale()
+}
+
+// enterConflict records a sequence number going backwards and, when it is
+// the Config.ConflictRestarts-th within Config.ConflictWindow, puts h in
+// state conflict: its entries are cleared once and its messages dropped
+// until the numbers stop going backwards, rather than clearing it again
+// on every message of the other stream.
+func (w *worker) enterConflict(h *holder, seq uint64) bool {
+	now := time.Now()
+	n := w.p.cfg.ConflictRestarts
+	if len(h.backs) == n {
+		copy(h.backs, h.backs[1:])
+		h.backs = h.backs[:n-1]
+	}
+	h.backs = append(h.backs, now)
+	if len(h.backs) < n || now.Sub(h.backs[0]) > w.p.cfg.ConflictWindow {
+		return false
+	}
+	h.backs = h.backs[:0]
+	w.p.c[cConflicts].Add(1)
+	h.c[cConflicts].Add(1)
+	w.p.c[cConflictDropped].Add(1)
+	w.p.limited.logf(slog.LevelError, "events: two interleaved sequence streams under one holder (two engines publishing "+
+		"under one name, or a peer replaying its numbers): clearing its entries and dropping its messages until one stops; "+
+		"it is no pull source meanwhile",
+		h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq, "restarts_within", w.p.cfg.ConflictWindow)
+	w.removeHolder(h.id, h.model)
+	if h.content != nil {
+		h.content.reset()
+	}
+	h.lastBack, h.lastConflictSeq = now, seq
+	h.conflict.Store(true)
+	return true
+}
+
+// conflicted handles a message of h, which is in conflict: it reports true
+// (the message dropped) while its numbers still went backwards within
+// Config.ConflictWindow, else h leaves the state and starts again as a new
+// holder from this message.
+func (w *worker) conflicted(h *holder, seq uint64) bool {
+	now := time.Now()
+	if seq < h.lastConflictSeq {
+		h.lastBack = now
+	}
+	h.lastConflictSeq = seq
+	if now.Sub(h.lastBack) < w.p.cfg.ConflictWindow {
+		w.p.c[cConflictDropped].Add(1)
+		return true
+	}
+	w.p.limited.logf(slog.LevelWarn, "events: holder's sequence numbers consistent again, leaving state conflict as a new holder",
+		h.id.Pod, "rank", h.id.Rank, "seq", seq)
+	h.started, h.next, h.liveMax = false, 0, 0
+	h.keepStale, h.resyncing, h.matched = false, false, false
+	h.gpuBlockSize = h.gpuBlockSize[:0]
+	h.setStale()
+	h.conflict.Store(false)
+	return false
 }
 
 // unrecovered applies the gap policy to a range of batches that are lost.
@@ -625,6 +780,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 	}
 	h.lastSeq.Store(seq)
 	h.hasSeq.Store(true)
+	h.heard.Store(true)
 	h.setStale()
 	w.p.applied.broadcast()
 }

@@ -71,6 +71,19 @@ func (s *RecSink) ClearHolder(model string, h index.Holder, tier string) {
 	}
 }
 
+// RemoveHolder forgets h in every model, as index.Index.RemoveHolder does;
+// it counts as a clear.
+func (s *RecSink) RemoveHolder(h index.Holder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clears[h]++
+	for k := range s.blocks {
+		if k.h == h {
+			delete(s.blocks, k)
+		}
+	}
+}
+
 // Stall makes Store wait, and so the worker calling it, until release is
 // called.
 func (s *RecSink) Stall() (release func()) {

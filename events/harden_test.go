@@ -1,0 +1,181 @@
+package events
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/events/internal/eventstest"
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
+)
+
+func TestValidPodNameAcceptsAddressesAndRefusesTheRest(t *testing.T) {
+	for _, tc := range []struct {
+		pod string
+		ok  bool
+	}{
+		{"10.0.0.1:8000", true},
+		{"[fd00::2]:8000", true},
+		{"vllm-0.vllm.ns.svc.cluster.local:8000", true},
+		{"pod", true},
+		{"prefill_1:8000", true},
+		{strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + ":1", true},
+		{"", false},
+		{"evil:80\r\nx-injected: 1", false},
+		{"evil\n:80", false},
+		{"a b:80", false},
+		{"pod:0", false},
+		{"pod:65536", false},
+		{"pod:+80", false},
+		{"pod:", false},
+		{"fd00::2", false},
+		{"[fd00::2]", false},
+		{"[10.0.0.1]:80", false},
+		{"[fd00::2:80", false},
+		{"-pod:80", false},
+		{"a..b:80", false},
+		{"caf\xc3\xa9:80", false},
+		{strings.Repeat("a", 64) + ":80", false},
+		{strings.Repeat("a.", 127) + "a:80", false},
+	} {
+		err := ValidPodName(tc.pod)
+		if tc.ok {
+			require.NoError(t, err, "%q", tc.pod)
+		} else {
+			require.ErrorIs(t, err, ErrBadPodName, "%q", tc.pod)
+		}
+	}
+}
+
+func TestPodAddrNamesOnlyIPLiterals(t *testing.T) {
+	a, ok := PodAddr("10.0.0.1:8000")
+	require.True(t, ok)
+	require.Equal(t, "10.0.0.1", a.String())
+	a, ok = PodAddr("[fd00::2]:8000")
+	require.True(t, ok)
+	require.Equal(t, "fd00::2", a.String())
+	_, ok = PodAddr("vllm-0.svc:8000")
+	require.False(t, ok)
+}
+
+func TestBadPodNamesAreDroppedAndCountedBeforeTheIndex(t *testing.T) {
+	sink := eventstest.NewRecSink()
+	var logs testenv.SyncBuffer
+	p := startProcessor(t, Config{Sink: sink, Logger: testenv.TextLogger(&logs)})
+	for i := range 100 {
+		p.Handle(t.Context(), Message{Pod: "evil:80\r\nx: " + strings.Repeat("y", i), Model: "m", Payload: storedPayload(t, 1)})
+	}
+	require.NoError(t, p.Sync(t.Context()))
+	require.Equal(t, uint64(100), p.Stats().BadTopic)
+	require.Empty(t, p.Status())
+	require.Zero(t, sink.Stores())
+	require.Equal(t, 1, strings.Count(logs.String(), "invalid pod name"), "rate-limited across names")
+	require.NotContains(t, logs.String(), "\r")
+}
+
+// TestTwoInterleavedStreamsPutTheHolderInConflictInsteadOfFlapping feeds
+// one holder two engines' numbers in turn, and then one engine's alone.
+func TestTwoInterleavedStreamsPutTheHolderInConflictInsteadOfFlapping(t *testing.T) {
+	sink := eventstest.NewRecSink()
+	var logs testenv.SyncBuffer
+	const window = 300 * time.Millisecond
+	p := startProcessor(t, Config{Sink: sink, ConflictWindow: window, Logger: testenv.TextLogger(&logs)})
+	h := index.Holder{Pod: "a:1"}
+	for i := range uint64(2000) {
+		p.Handle(t.Context(), Message{Pod: "a:1", Model: "m", Seq: 1000 + i, Payload: storedPayload(t, 1000+i)})
+		p.Handle(t.Context(), Message{Pod: "a:1", Model: "m", Seq: i, Payload: storedPayload(t, i)})
+	}
+	require.NoError(t, p.Sync(t.Context()))
+	st := statusOf(p, h)
+	require.Equal(t, StateConflict, st.State)
+	require.Equal(t, uint64(1), st.Conflicts)
+	require.LessOrEqual(t, st.Restarts, uint64(2), "cleared once, not on every message")
+	require.Greater(t, p.Stats().ConflictDropped, uint64(3900))
+	require.Empty(t, sink.Keys("m", h, "GPU"))
+	state, ok := p.Source(h)
+	require.False(t, ok)
+	require.Equal(t, StateConflict, state)
+	require.Less(t, strings.Count(logs.String(), "level=WARN")+strings.Count(logs.String(), "level=ERROR"), 10)
+
+	// One stream alone for a window: the holder starts again from it.
+	next := uint64(5000)
+	require.Eventually(t, func() bool {
+		p.Handle(t.Context(), Message{Pod: "a:1", Model: "m", Seq: next, Payload: storedPayload(t, next)})
+		next++
+		require.NoError(t, p.Sync(t.Context()))
+		return statusOf(p, h).State == StateLive
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, []uint64{next - 1}, sink.Keys("m", h, "GPU"))
+}
+
+func TestSourceIsOnlyALiveHolderHeardFromSinceStart(t *testing.T) {
+	ix := index.New(index.Config{})
+	snap := index.Holder{Pod: "snap:1"}
+	ix.Store(index.Blocks{Model: "m", Holder: snap, Tier: "GPU", Keys: []uint64{1}})
+	p := startProcessor(t, Config{Sink: ix, InitialSeqs: map[index.Holder]uint64{snap: 7}})
+	live := index.Holder{Pod: "live:1"}
+	p.Handle(t.Context(), Message{Pod: "live:1", Model: "m", Payload: storedPayload(t, 2)})
+	require.NoError(t, p.Sync(t.Context()))
+
+	state, ok := p.Source(snap)
+	require.False(t, ok, "a snapshot alone scores but never serves")
+	require.Equal(t, StateStale, state)
+	state, ok = p.Source(live)
+	require.True(t, ok)
+	require.Equal(t, StateLive, state)
+
+	p.PodConnected("live:1", false)
+	state, ok = p.Source(live)
+	require.False(t, ok)
+	require.Equal(t, StateDisconnected, state)
+	require.Equal(t, StateDisconnected, statusOf(p, live).State)
+	require.Equal(t, uint64(1), p.Stats().Disconnects)
+	p.PodConnected("live:1", false)
+	require.Equal(t, uint64(1), p.Stats().Disconnects, "counted once per transition")
+	p.PodConnected("live:1", true)
+	_, ok = p.Source(live)
+	require.True(t, ok)
+}
+
+func TestSnapshotHoldersNeverHeardFromExpire(t *testing.T) {
+	ix := index.New(index.Config{})
+	gone, back := index.Holder{Pod: "gone:1"}, index.Holder{Pod: "back:1"}
+	for _, h := range []index.Holder{gone, back} {
+		ix.Store(index.Blocks{Model: "m", Holder: h, Tier: "GPU", Keys: []uint64{1}})
+	}
+	p := startProcessor(t, Config{Sink: ix, SnapshotExpiry: 100 * time.Millisecond,
+		InitialSeqs: map[index.Holder]uint64{gone: 3, back: 5}})
+	p.Handle(t.Context(), Message{Pod: "back:1", Model: "m", Seq: 6, Payload: storedPayload(t, 2)})
+	require.NoError(t, p.WaitApplied(t.Context(), back, 6))
+	require.Eventually(t, func() bool { return p.Stats().SnapshotExpired == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.Empty(t, ix.HolderBlocks("m", gone))
+	require.Equal(t, 2, ix.HolderBlocks("m", back)["GPU"])
+	_, known := p.LastSeq(gone)
+	require.False(t, known)
+
+	// Heard from after the expiry, it joins as a new holder, not as a gap
+	// after the snapshot's number.
+	p.Handle(t.Context(), Message{Pod: "gone:1", Model: "m", Seq: 9, Payload: storedPayload(t, 4)})
+	require.NoError(t, p.WaitApplied(t.Context(), gone, 9))
+	require.Zero(t, statusOf(p, gone).Gaps)
+}
+
+func TestANewHolderAtTheBoundEvictsAStaleOneFirst(t *testing.T) {
+	sink := eventstest.NewRecSink()
+	p := startProcessor(t, Config{Sink: sink, MaxHolders: 2, Gap: GapKeep})
+	stale, live := index.Holder{Pod: "stale:1"}, index.Holder{Pod: "live:1"}
+	p.Handle(t.Context(), Message{Pod: "live:1", Model: "m", Payload: storedPayload(t, 1)})
+	p.Handle(t.Context(), Message{Pod: "stale:1", Model: "m", Payload: storedPayload(t, 2)})
+	p.Handle(t.Context(), Message{Pod: "stale:1", Model: "m", Seq: 5, Payload: storedPayload(t, 3)}) // a gap: stale
+	require.NoError(t, p.Sync(t.Context()))
+	require.Equal(t, StateStale, statusOf(p, stale).State)
+	p.Handle(t.Context(), Message{Pod: "new:1", Model: "m", Payload: storedPayload(t, 4)})
+	require.NoError(t, p.Sync(t.Context()))
+	require.Eventually(t, func() bool { return len(sink.Keys("m", stale, "GPU")) == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, []uint64{1}, sink.Keys("m", live, "GPU"))
+	require.Equal(t, []uint64{4}, sink.Keys("m", index.Holder{Pod: "new:1"}, "GPU"))
+	require.Equal(t, uint64(1), p.Stats().Evicted)
+}
