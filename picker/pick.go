@@ -42,6 +42,10 @@ const (
 	// ReasonPull: the destination should pull Decision.Missing from
 	// Decision.Source.
 	ReasonPull Reason = "pull"
+	// ReasonNoLiveSource: some holder could extend the destination's
+	// prefix, but none may serve a pull now (Config.Sources);
+	// Decision.Skipped says how many and why.
+	ReasonNoLiveSource Reason = "no_live_source"
 )
 
 // HeaderKVCacheSource is the header by which llm-d's router names the peer a
@@ -77,6 +81,14 @@ type Decision struct {
 	// SavingMillis is the predicted saving of the pull, when the picker has
 	// a cost model.
 	SavingMillis float64
+	// Skipped counts the holders that could have extended the prefix but
+	// were no source now (Config.Sources), once per tier the index lists
+	// them in; SkippedState is the state of
+	// the one offering the longest run, SkippedBest that run in blocks.
+	// A pull may still have been decided from another holder.
+	Skipped      int
+	SkippedState string
+	SkippedBest  int
 
 	p2pPort int
 	pull    pull
@@ -306,12 +318,23 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 		if g == 0 {
 			continue
 		}
+		if p.sources != nil {
+			if state, ok := p.sources(h); !ok {
+				d.Skipped++
+				if g > d.SkippedBest {
+					d.SkippedBest, d.SkippedState = g, state
+				}
+				continue
+			}
+		}
 		s.cands = append(s.cands, cand{h: h, gain: g, weight: 1 + float64(max(c.Waiting, 0)) + nonNegative(c.Load)})
 		d.Best = max(d.Best, g)
 	}
 	if d.Best == 0 {
 		d.Reason = ReasonSelf
-		if l == 0 {
+		if d.Skipped > 0 {
+			d.Reason = ReasonNoLiveSource
+		} else if l == 0 {
 			d.Reason = p.noHolder(req.Model, len(s.hold) == 0, s)
 		}
 		return d, nil

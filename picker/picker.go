@@ -104,6 +104,16 @@ type Config struct {
 	P2PPort int
 	// Now is the clock in-flight pulls expire by. Default time.Now.
 	Now func() time.Time
+	// Sources, when set, says whether a holder may serve a pull now and,
+	// when it may not, its state ("stale", "disconnected", "conflict"),
+	// which a decision that skipped it reports (Decision.Skipped). A
+	// router feeding its index from events sets it to
+	// events.Processor.Source, so that only holders heard from since it
+	// started, with their connection up, are pulled from; a holder
+	// known only from a snapshot still scores. Nil: every holder may.
+	// It is called for each holder that could extend the prefix, so it
+	// must be cheap and safe for concurrent use.
+	Sources func(h index.Holder) (state string, ok bool)
 }
 
 // Candidate is a holder the router allows as a source, with its load.
@@ -155,6 +165,7 @@ type Picker struct {
 	cost        *Model
 	minSaving   float64
 	p2pPort     int
+	sources     func(index.Holder) (string, bool)
 	now         func() time.Time
 	gran        int64 // in-flight bucket width, ns
 	inflight    inflight
@@ -190,7 +201,7 @@ func New(cfg Config) (*Picker, error) {
 	if cfg.Index == nil {
 		return nil, ErrNoIndex
 	}
-	p := &Picker{idx: cfg.Index, hasher: cfg.Hasher, cost: cfg.Cost, minSaving: cfg.MinSavingMillis}
+	p := &Picker{idx: cfg.Index, hasher: cfg.Hasher, cost: cfg.Cost, minSaving: cfg.MinSavingMillis, sources: cfg.Sources}
 	p.blockSize = cfg.BlockSize
 	if p.blockSize <= 0 {
 		p.blockSize = DefaultBlockSize
