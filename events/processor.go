@@ -370,8 +370,8 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 	case <-t.C:
 	}
 	w.congested.Store(true)
-	p.log.Warn("events: worker queue full; dropping its messages until it drains, their pods marked for resync",
-		"pod", m.Pod, "seq", m.Seq)
+	p.limited.logAny(slog.LevelWarn, "events: worker queue full; dropping its messages until it drains, their pods marked for resync",
+		m.Pod, "seq", m.Seq)
 	w.dropped(msg)
 }
 

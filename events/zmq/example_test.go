@@ -38,7 +38,7 @@ func ExampleSubscriber() {
 	// An engine configured to connect to the router.
 	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
 		Connect: sub.Addrs()[0],
-		Topic:   "kv@10.0.0.7:8000@llama",
+		Topic:   "kv@127.0.0.1:8000@llama",
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -53,7 +53,7 @@ func ExampleSubscriber() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := sub.WaitApplied(ctx, index.Holder{Pod: "10.0.0.7:8000"}, seq); err != nil {
+	if err := sub.WaitApplied(ctx, index.Holder{Pod: "127.0.0.1:8000"}, seq); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println(ix.Holders("llama", 0x1234, nil))
@@ -65,8 +65,8 @@ func ExampleSubscriber() {
 		log.Fatal(err)
 	}
 	// Output:
-	// [10.0.0.7:8000]
-	// 10.0.0.7:8000 live
+	// [127.0.0.1:8000]
+	// 127.0.0.1:8000 live
 }
 
 // A test or demo engine binds its PUB socket (port 0: any free port) and a
@@ -75,7 +75,7 @@ func ExamplePublisher() {
 	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
 		Bind:           "tcp://127.0.0.1:0",
 		ReplayEndpoint: "tcp://127.0.0.1:0",
-		Topic:          "kv@10.0.0.7:8000@meta-llama/Llama-3.1-8B",
+		Topic:          "kv@127.0.0.1:8000@meta-llama/Llama-3.1-8B",
 	})
 	if err != nil {
 		log.Fatal(err)

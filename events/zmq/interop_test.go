@@ -74,8 +74,8 @@ var interopEvents = []map[string]any{
 }
 
 func TestInteropWithVLLMPublisherModel(t *testing.T) {
-	const topic = "kv@10.1.2.3:8000@org/llama@v2"
-	h := index.Holder{Pod: "10.1.2.3:8000"}
+	const topic = "kv@127.0.0.1:8000@org/llama@v2"
+	h := index.Holder{Pod: "127.0.0.1:8000"}
 	tests := []struct {
 		name    string
 		bind    bool // the subscriber binds, the engine connects

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -45,13 +46,36 @@ type SubscriberConfig struct {
 	// MaxMessageSize bounds a received message's frames in bytes (libzmq
 	// drops the connection of a peer sending more); default 64 MiB.
 	MaxMessageSize int64
+	// Allow lists the sender networks a Bind socket accepts messages from
+	// for pods named by a DNS name; default loopback only (127.0.0.0/8,
+	// ::1), as Redis's protected mode. A pod named by an IP literal is
+	// accepted from that address only, whatever Allow says. A refused
+	// message is counted in Stats.SenderMismatch. Senders over ipc:// and
+	// inproc:// are local processes and are not checked. In connect mode
+	// the pod is the endpoint the subscriber dialled.
+	Allow []netip.Prefix
+	// NoSenderCheck turns the Bind sockets' sender verification off, for
+	// networks where every peer that can reach the port is trusted.
+	NoSenderCheck bool
+	// MaxPodsPerSender bounds the pods one sender address may publish for
+	// on a Bind socket (pods named by its own IP with different ports, or
+	// by DNS names from an allowed network); messages naming more are
+	// counted in Stats.SenderMismatch. Default 64: a vLLM pod publishes
+	// for one name, its data-parallel ranks in the payload.
+	MaxPodsPerSender int
+	// Heartbeat is the ZMTP heartbeat interval on every connection; a
+	// peer that answers none for three intervals is disconnected (a
+	// crashed host, a partition), as one that closes its connection is at
+	// once. Its pod is then "disconnected" and no pull source. Default 1s.
+	Heartbeat time.Duration
 }
 
 // Subscriber receives KV events from engines over ZMQ and applies them
 // through an events.Processor.
 type Subscriber struct {
-	cfg  SubscriberConfig
-	proc *events.Processor
+	cfg   SubscriberConfig
+	proc  *events.Processor
+	allow []netip.Prefix
 
 	mu      sync.Mutex
 	conns   map[string]*conn   // connect-mode endpoints, by endpoint
@@ -67,6 +91,8 @@ type conn struct {
 	src      *source
 	endpoint string
 	sock     *zmq4.Socket
+	mon      *zmq4.Socket // its monitor's events
+	up       bool         // connected, as the monitor last said
 }
 
 // source is where a message came from: its pod, and how to reach the
@@ -104,7 +130,22 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = 64 << 20
 	}
-	return &Subscriber{cfg: cfg, proc: proc, conns: map[string]*conn{}, sources: map[string]*source{},
+	if cfg.MaxPodsPerSender <= 0 {
+		cfg.MaxPodsPerSender = 64
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = time.Second
+	}
+	allow := cfg.Allow
+	if allow == nil {
+		allow = loopback
+	}
+	for _, p := range allow {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("%w: invalid Allow network %v", events.ErrConfig, p)
+		}
+	}
+	return &Subscriber{cfg: cfg, proc: proc, allow: allow, conns: map[string]*conn{}, sources: map[string]*source{},
 		ready: make(chan struct{})}, nil
 }
 
@@ -213,16 +254,20 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	s.running = true
 	s.mu.Unlock()
 
-	var bind *zmq4.Socket
+	var bind, bindMon *zmq4.Socket
 	var addrs []string
 	if len(s.cfg.Bind) > 0 {
 		var err error
 		if bind, err = s.newSub(); err != nil {
 			return err
 		}
+		if bindMon, err = monitor(bind, zmq4.EVENT_ACCEPTED|zmq4.EVENT_DISCONNECTED); err != nil {
+			bind.Close()
+			return err
+		}
 		for _, ep := range s.cfg.Bind {
 			if err := bind.Bind(ep); err != nil {
-				bind.Close()
+				closeMonitored(bind, bindMon)
 				return fmt.Errorf("events/zmq: bind %s: %w", ep, err)
 			}
 			addr, err := bind.GetLastEndpoint()
@@ -234,12 +279,15 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	if err := s.proc.Start(ctx); err != nil {
 		if bind != nil {
-			bind.Close()
+			closeMonitored(bind, bindMon)
 		}
 		return err
 	}
-	r := &receiver{s: s, poller: zmq4.NewPoller(), bind: bind, live: map[string]*conn{}, bySock: map[*zmq4.Socket]*conn{}}
+	r := &receiver{s: s, poller: zmq4.NewPoller(), bind: bind, bindMon: bindMon, live: map[string]*conn{},
+		bySock: map[*zmq4.Socket]*conn{}, byMon: map[*zmq4.Socket]*conn{}, podUp: map[string]int{},
+		links: newLinks(2*s.proc.Config().MaxHolders, s.cfg.MaxPodsPerSender)}
 	if bind != nil {
+		r.poller.Add(bindMon, zmq4.POLLIN)
 		r.poller.Add(bind, zmq4.POLLIN)
 	}
 	r.reconcile()
@@ -249,10 +297,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	close(s.ready)
 	r.loop(ctx)
 	for _, c := range r.live {
-		c.sock.Close()
+		closeMonitored(c.sock, c.mon)
 	}
 	if bind != nil {
-		bind.Close()
+		closeMonitored(bind, bindMon)
 	}
 	s.proc.Close()
 	return nil
@@ -266,6 +314,8 @@ func (s *Subscriber) newSub() (*zmq4.Socket, error) {
 	_ = sock.SetRcvhwm(s.cfg.RcvHWM)
 	_ = sock.SetMaxmsgsize(s.cfg.MaxMessageSize)
 	_ = sock.SetLinger(0)
+	_ = sock.SetHeartbeatIvl(s.cfg.Heartbeat)
+	_ = sock.SetHeartbeatTimeout(3 * s.cfg.Heartbeat)
 	if err := sock.SetSubscribe(s.cfg.TopicPrefix); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("events/zmq: subscribe: %w", err)
@@ -278,8 +328,12 @@ type receiver struct {
 	s       *Subscriber
 	poller  *zmq4.Poller
 	bind    *zmq4.Socket
+	bindMon *zmq4.Socket
 	live    map[string]*conn // connected endpoints
 	bySock  map[*zmq4.Socket]*conn
+	byMon   map[*zmq4.Socket]*conn // connect-mode monitors
+	podUp   map[string]int         // connect mode: a pod's connected endpoints
+	links   *links                 // bind mode
 	sources map[string]*source
 }
 
@@ -305,8 +359,17 @@ func (r *receiver) loop(ctx context.Context) {
 			time.Sleep(pollEvery)
 			continue
 		}
+		// Connections first: a message must not find its pod's
+		// connection unknown yet.
 		for _, p := range polled {
-			r.drain(ctx, p.Socket)
+			if p.Socket == r.bindMon || r.byMon[p.Socket] != nil {
+				r.monitorEvents(p.Socket)
+			}
+		}
+		for _, p := range polled {
+			if p.Socket != r.bindMon && r.byMon[p.Socket] == nil {
+				r.drain(ctx, p.Socket)
+			}
 		}
 	}
 }
@@ -324,18 +387,24 @@ func (r *receiver) reconcile() {
 			continue
 		}
 		_ = r.poller.RemoveBySocket(c.sock)
-		c.sock.Close()
+		_ = r.poller.RemoveBySocket(c.mon)
+		closeMonitored(c.sock, c.mon)
 		delete(r.live, ep)
 		delete(r.bySock, c.sock)
+		delete(r.byMon, c.mon)
+		r.connUp(c, false)
 	}
 	for ep, c := range r.s.conns {
 		if r.live[ep] == c {
 			continue
 		}
 		sock, err := r.s.newSub()
+		var mon *zmq4.Socket
 		if err == nil {
-			if err = sock.Connect(ep); err != nil {
+			if mon, err = monitor(sock, zmq4.EVENT_CONNECTED|zmq4.EVENT_DISCONNECTED); err != nil {
 				sock.Close()
+			} else if err = sock.Connect(ep); err != nil {
+				closeMonitored(sock, mon)
 			}
 		}
 		if err != nil {
@@ -343,9 +412,11 @@ func (r *receiver) reconcile() {
 			delete(r.s.conns, ep)
 			continue
 		}
-		c.sock = sock
+		c.sock, c.mon = sock, mon
 		r.live[ep] = c
 		r.bySock[sock] = c
+		r.byMon[mon] = c
+		r.poller.Add(mon, zmq4.POLLIN)
 		r.poller.Add(sock, zmq4.POLLIN)
 	}
 }
@@ -360,7 +431,14 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
 		}
 	}
 	for range 256 {
-		frames, err := sock.RecvMessageBytes(zmq4.DONTWAIT)
+		var frames [][]byte
+		var meta map[string]string
+		var err error
+		if c == nil {
+			frames, meta, err = sock.RecvMessageBytesWithMetadata(zmq4.DONTWAIT, "Peer-Address")
+		} else {
+			frames, err = sock.RecvMessageBytes(zmq4.DONTWAIT)
+		}
 		if err != nil {
 			return
 		}
@@ -380,6 +458,9 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
 		} else {
 			if !ok {
 				r.s.proc.BadMessage("", "unknown topic", "topic", topic, "seq", m.Seq)
+				continue
+			}
+			if !r.sender(pod, meta["Peer-Address"], m.Seq) {
 				continue
 			}
 			src = r.sources[pod]
@@ -407,3 +488,88 @@ func podOfConn(c *conn) string {
 	}
 	return c.src.pod
 }
+
+// sender checks that a bind-socket message naming pod may come from peer,
+// libzmq's "Peer-Address" of its connection, and tracks the pod's
+// connection; false drops it, counted.
+func (r *receiver) sender(pod, peer string, seq uint64) bool {
+	addr, err := netip.ParseAddr(peer)
+	if err != nil {
+		// Not a TCP peer (ipc://: "uid:gid:pid", inproc://: none): a local
+		// process, and no connection to track by address.
+		return true
+	}
+	addr = addr.Unmap()
+	if !r.s.cfg.NoSenderCheck {
+		if want, named := events.PodAddr(pod); named && want != addr {
+			r.s.proc.SenderMismatch(pod, peer, seq)
+			return false
+		} else if !named && !r.allowed(addr) {
+			r.s.proc.SenderMismatch(pod, peer, seq)
+			return false
+		}
+	}
+	if !r.links.heard(pod, addr, r.s.proc.PodConnected) {
+		r.s.proc.SenderMismatch(pod, peer+" (past MaxPodsPerSender)", seq)
+		return false
+	}
+	return true
+}
+
+func (r *receiver) allowed(addr netip.Addr) bool {
+	for _, p := range r.s.allow {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// monitorEvents reads the connection events mon has ready: the bind
+// socket's accepted and closed connections, or a connect-mode endpoint's
+// connects and disconnects.
+func (r *receiver) monitorEvents(mon *zmq4.Socket) {
+	for range 256 {
+		ev, _, fd, err := mon.RecvEvent(zmq4.DONTWAIT)
+		if err != nil {
+			return
+		}
+		if mon == r.bindMon {
+			switch ev {
+			case zmq4.EVENT_ACCEPTED:
+				r.links.accepted(fd, r.s.proc.PodConnected)
+			case zmq4.EVENT_DISCONNECTED:
+				r.links.closed(fd, r.s.proc.PodConnected)
+			}
+			continue
+		}
+		if c := r.byMon[mon]; c != nil {
+			r.connUp(c, ev == zmq4.EVENT_CONNECTED)
+		}
+	}
+}
+
+// connUp records a connect-mode endpoint's state: its pod is connected
+// while any of its endpoints is.
+func (r *receiver) connUp(c *conn, up bool) {
+	if c.up == up {
+		return
+	}
+	c.up = up
+	pod := c.src.pod
+	if up {
+		r.podUp[pod]++
+		if r.podUp[pod] == 1 {
+			r.s.proc.PodConnected(pod, true)
+		}
+		return
+	}
+	if r.podUp[pod]--; r.podUp[pod] <= 0 {
+		delete(r.podUp, pod)
+		r.s.proc.PodConnected(pod, false)
+	}
+}
+
+// Source reports whether holder h may serve a pull now, and its state
+// (events.Processor.Source); picker.Config.Sources takes it.
+func (s *Subscriber) Source(h index.Holder) (state string, ok bool) { return s.proc.Source(h) }

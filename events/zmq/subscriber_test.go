@@ -149,7 +149,7 @@ func TestBindModeKeepsRanksApartAndMapsTopics(t *testing.T) {
 	port := testenv.FreePort(t)
 	sink := eventstest.NewRecSink()
 	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink}, Bind: []string{localEP(port)}, TopicPrefix: "kv@"})
-	topic := "kv@10.0.0.1:8000@" + testModel
+	topic := "kv@127.0.0.1:8000@" + testModel
 	p0 := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: topic})
 	p1 := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: topic, Layout: events.LayoutArray})
 	other := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: "other@x@y"})
@@ -158,7 +158,7 @@ func TestBindModeKeepsRanksApartAndMapsTopics(t *testing.T) {
 	publish(t, p0, stored(0, nil, 1, 2), stored(0, ptr(2), 3))
 	publish(t, p1, stored(1, nil, 11, 12))
 	publish(t, other, stored(0, nil, 99))
-	r0, r1 := index.Holder{Pod: "10.0.0.1:8000"}, index.Holder{Pod: "10.0.0.1:8000", Rank: 1}
+	r0, r1 := index.Holder{Pod: "127.0.0.1:8000"}, index.Holder{Pod: "127.0.0.1:8000", Rank: 1}
 	requireKeys(t, sink, testModel, r0, "GPU", 1, 2, 3)
 	requireKeys(t, sink, testModel, r1, "GPU", 11, 12)
 	st := statusOf(s, r1)
@@ -330,6 +330,8 @@ func TestInitialSeqsFetchWhatARestoredRouterMissed(t *testing.T) {
 	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
 	warmUp(t, p, s, 0)
 	requireKeys(t, sink, "m", h, "GPU", 102, 103)
+	// The replay is counted once it returns, after its batches applied.
+	require.NoError(t, s.Sync(t.Context()))
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Gaps)
 	require.Equal(t, uint64(1), st.Replays)

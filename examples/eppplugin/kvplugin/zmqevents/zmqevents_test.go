@@ -73,14 +73,14 @@ func TestKVEventsOverZMQReachTheDecision(t *testing.T) {
 	}
 	keys, err := prefix.Hasher().BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: ep, Topic: "kv@10.0.0.1:8000@m"})
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: ep, Topic: "kv@127.0.0.1:8000@m"})
 	require.NoError(t, err)
 	defer pub.Close()
 	batch := &events.Batch{Events: []events.Event{
 		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
 		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "CPU"},
 	}}
-	holder := index.Holder{Pod: "10.0.0.1:8000"}
+	holder := index.Holder{Pod: "127.0.0.1:8000"}
 	// What a publisher sends before the subscription reaches it is lost.
 	require.NoError(t, pub.WaitSubscribed(ctx))
 	_, err = pub.Publish(batch)
@@ -92,7 +92,7 @@ func TestKVEventsOverZMQReachTheDecision(t *testing.T) {
 	md := func(addr string) *datalayer.EndpointMetadata {
 		return &datalayer.EndpointMetadata{Address: addr, Port: "8000"}
 	}
-	eps := []scheduling.Endpoint{scheduling.NewEndpoint(md("10.0.0.1"), nil, nil), scheduling.NewEndpoint(md("10.0.0.2"), nil, nil)}
+	eps := []scheduling.Endpoint{scheduling.NewEndpoint(md("127.0.0.1"), nil, nil), scheduling.NewEndpoint(md("10.0.0.2"), nil, nil)}
 	req := &scheduling.InferenceRequest{RequestID: "r", TargetModel: "m", Headers: map[string]string{},
 		Body: &requesthandling.InferenceRequestBody{TokenizedPrompt: &requesthandling.TokenizedPrompt{PerPromptTokens: [][]uint32{tokens}}}}
 	require.NoError(t, prefix.Produce(ctx, req, eps))
@@ -101,5 +101,5 @@ func TestKVEventsOverZMQReachTheDecision(t *testing.T) {
 		"default": {TargetEndpoints: []scheduling.Endpoint{eps[1]}},
 	}}
 	require.NoError(t, src.PreRequest(ctx, req, res))
-	require.Equal(t, "10.0.0.1:8000", req.Headers[routing.KVCacheSourceHeader])
+	require.Equal(t, "127.0.0.1:8000", req.Headers[routing.KVCacheSourceHeader])
 }

@@ -1,0 +1,145 @@
+package zmq
+
+import (
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+
+	zmq4 "github.com/pebbe/zmq4"
+)
+
+// loopback is the default of SubscriberConfig.Allow.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+// monitorSeq names the monitor endpoints of the process's sockets.
+var monitorSeq atomic.Uint64
+
+// monitor starts libzmq's socket monitor on sock for events and returns
+// the PAIR socket its events arrive on. It must run before sock binds or
+// connects, so that no event is missed.
+func monitor(sock *zmq4.Socket, events zmq4.Event) (*zmq4.Socket, error) {
+	ep := fmt.Sprintf("inproc://kvsource-events-monitor-%d", monitorSeq.Add(1))
+	if err := sock.Monitor(ep, events); err != nil {
+		return nil, fmt.Errorf("events/zmq: socket monitor: %w", err)
+	}
+	pair, err := zmq4.NewSocket(zmq4.PAIR)
+	if err != nil {
+		_ = sock.Monitor("", 0)
+		return nil, fmt.Errorf("events/zmq: monitor socket: %w", err)
+	}
+	_ = pair.SetLinger(0)
+	if err := pair.Connect(ep); err != nil {
+		_ = sock.Monitor("", 0)
+		pair.Close()
+		return nil, fmt.Errorf("events/zmq: monitor socket: %w", err)
+	}
+	return pair, nil
+}
+
+// closeMonitored closes sock and its monitor's socket mon. The monitor
+// stops first: libzmq's I/O thread sends a monitored socket's events
+// blocking, and one sent after mon closed (the socket's connections end
+// after zmq_close returns) would block it, and every socket, for good.
+func closeMonitored(sock, mon *zmq4.Socket) {
+	_ = sock.Monitor("", 0)
+	sock.Close()
+	mon.Close()
+}
+
+// links is the bind socket's view of who is connected: its connections'
+// peer addresses (libzmq's monitor reports each accepted connection's file
+// descriptor, whose peer the kernel knows) and the pods whose messages
+// came from each address. A pod is connected while its address has a
+// connection: libzmq says which address a message came from
+// ("Peer-Address"), not which of an address's connections, so pods sharing
+// an address share their fate.
+type links struct {
+	fds     map[int]netip.Addr      // accepted connection -> peer
+	conns   map[netip.Addr]int      // peer -> connections
+	pods    map[netip.Addr][]string // peer -> pods its messages named
+	podAddr map[string]netip.Addr
+	max     int // pods tracked
+	perPeer int // pods one peer may name
+}
+
+func newLinks(maxPods, perPeer int) *links {
+	return &links{fds: map[int]netip.Addr{}, conns: map[netip.Addr]int{}, pods: map[netip.Addr][]string{},
+		podAddr: map[string]netip.Addr{}, max: maxPods, perPeer: perPeer}
+}
+
+// accepted records a new connection; report is called for each pod whose
+// state changes.
+func (l *links) accepted(fd int, report func(pod string, up bool)) {
+	addr, ok := peerOf(fd)
+	if !ok {
+		return
+	}
+	if _, dup := l.fds[fd]; dup {
+		// Its disconnect was not reported: take it as gone.
+		l.closed(fd, report)
+	}
+	l.fds[fd] = addr
+	l.conns[addr]++
+	if l.conns[addr] == 1 {
+		for _, pod := range l.pods[addr] {
+			report(pod, true)
+		}
+	}
+}
+
+func (l *links) closed(fd int, report func(pod string, up bool)) {
+	addr, ok := l.fds[fd]
+	if !ok {
+		return
+	}
+	delete(l.fds, fd)
+	if l.conns[addr]--; l.conns[addr] > 0 {
+		return
+	}
+	delete(l.conns, addr)
+	for _, pod := range l.pods[addr] {
+		report(pod, false)
+	}
+}
+
+// heard records that a message of pod came from addr; ok is false when
+// addr names more pods than the per-peer bound already.
+func (l *links) heard(pod string, addr netip.Addr, report func(pod string, up bool)) (ok bool) {
+	if old, known := l.podAddr[pod]; known && old == addr {
+		return true
+	} else if known {
+		l.forget(pod, old)
+	}
+	if len(l.pods[addr]) >= l.perPeer {
+		return false
+	}
+	if len(l.podAddr) >= l.max {
+		// Untracked: the pod stays connected as far as the processor
+		// knows; the holder bound evicts what this bound cannot follow.
+		return true
+	}
+	l.podAddr[pod] = addr
+	l.pods[addr] = append(l.pods[addr], pod)
+	report(pod, l.conns[addr] > 0 || !l.tracksPeers())
+	return true
+}
+
+// tracksPeers reports whether connections are known at all: when the
+// monitor's descriptors cannot be read, no pod is ever reported down.
+func (l *links) tracksPeers() bool { return len(l.fds) > 0 }
+
+func (l *links) forget(pod string, addr netip.Addr) {
+	delete(l.podAddr, pod)
+	ps := l.pods[addr]
+	for i, p := range ps {
+		if p == pod {
+			ps = append(ps[:i], ps[i+1:]...)
+			break
+		}
+	}
+	if len(ps) == 0 {
+		delete(l.pods, addr)
+	} else {
+		l.pods[addr] = ps
+	}
+}
