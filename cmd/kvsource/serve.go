@@ -58,6 +58,7 @@ type serveConfig struct {
 	HTTP                string
 	Algo                string
 	Seed                string
+	SeedSet             bool // --seed given, perhaps as ''
 	BlockSize           int
 	MinCachedTokenDelta int
 	P2PPort             int
@@ -118,7 +119,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.Var(&replay, "events-replay", "replay endpoint of a pod that connects to --events-bind: POD=tcp://HOST:PORT, rank 0's; rank r's port is r higher (repeatable)")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "HTTP listen address")
 	fs.StringVar(&cfg.Algo, "algo", string(hashing.SHA256), "the engines' --prefix-caching-hash-algo")
-	fs.StringVar(&cfg.Seed, "seed", "", "the engines' PYTHONHASHSEED (default vLLM's, required for xxhash algorithms)")
+	var seed seedFlag
+	fs.Var(&seed, "seed", "the engines' PYTHONHASHSEED; unset means vLLM's default, '' the empty string (required for xxhash algorithms)")
 	fs.IntVar(&cfg.BlockSize, "block-size", hashing.DefaultBlockSize, "the engines' --block-size")
 	fs.IntVar(&cfg.MinCachedTokenDelta, "min-cached-token-delta", picker.DefaultMinCachedTokenDelta, "smallest gain, in tokens, worth a pull")
 	fs.IntVar(&cfg.P2PPort, "p2p-port", picker.DefaultP2PPort, "the engines' base P2P port (VLLM_P2P_SIDE_CHANNEL_PORT); rank r listens on it plus r")
@@ -165,6 +167,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		}
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
+	cfg.Seed, cfg.SeedSet = seed.value, seed.set
 	return cfg, nil
 }
 
@@ -203,4 +206,9 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// hashingConfig is the engines' hashing configuration.
+func (c serveConfig) hashingConfig() hashing.Config {
+	return hashing.Config{Algo: hashing.Algo(c.Algo), Seed: c.Seed, SeedSet: c.SeedSet, BlockSize: c.BlockSize}
 }

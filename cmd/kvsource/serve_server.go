@@ -65,7 +65,7 @@ type serveInflightPull struct {
 }
 
 func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
-	h, err := hashing.New(hashing.Config{Algo: hashing.Algo(cfg.Algo), Seed: cfg.Seed, BlockSize: cfg.BlockSize})
+	h, err := hashing.New(cfg.hashingConfig())
 	if err != nil {
 		return nil, err
 	}

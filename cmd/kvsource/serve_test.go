@@ -110,6 +110,7 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Equal(t, []servePodEndpoint{{Pod: "10.0.0.3:8000", Replay: "tcp://10.0.0.3:5558"}}, cfg.EventsReplay)
 	require.Equal(t, "xxhash", cfg.Algo)
 	require.Equal(t, "42", cfg.Seed)
+	require.True(t, cfg.SeedSet)
 	require.Equal(t, 64, cfg.BlockSize)
 	require.Equal(t, 2048, cfg.MinCachedTokenDelta)
 	require.Equal(t, "/tmp/s", cfg.Snapshot)
@@ -136,6 +137,29 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Equal(t, 0, runServe([]string{"--help"}, nil, &stdout, io.Discard))
 	require.Contains(t, stdout.String(), "usage: kvsource serve")
 	require.Contains(t, stdout.String(), "POST /v1/pick")
+}
+
+func TestServeSeedFlagTellsUnsetFromEmpty(t *testing.T) {
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.False(t, cfg.SeedSet)
+	require.Equal(t, hashing.DefaultSeed, mustHasher(t, cfg).Config().Seed)
+
+	cfg, err = parseServeFlags([]string{"--seed", ""}, io.Discard)
+	require.NoError(t, err)
+	require.True(t, cfg.SeedSet)
+	h := mustHasher(t, cfg)
+	require.Equal(t, "", h.Config().Seed)
+	empty, err := hashing.New(hashing.Config{SeedSet: true})
+	require.NoError(t, err)
+	require.Equal(t, empty.Root(), h.Root())
+}
+
+func mustHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
+	t.Helper()
+	h, err := hashing.New(cfg.hashingConfig())
+	require.NoError(t, err)
+	return h
 }
 
 func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
