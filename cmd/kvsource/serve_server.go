@@ -74,9 +74,19 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
-	s.sub, err = events.NewSubscriber(events.Config{
-		Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log,
-	})
+	ecfg := events.Config{Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log}
+	if cfg.Keys == serveKeysContent {
+		// The index holds content keys and requests are hashed the same
+		// way; the engines' own keys need not be reproducible, so their
+		// agreement is not checked.
+		ck, err := hashing.New(cfg.contentConfig())
+		if err != nil {
+			return nil, err
+		}
+		ecfg.ContentKeys, ecfg.Hasher = ck, nil
+		s.hasher, h = ck, ck
+	}
+	s.sub, err = events.NewSubscriber(ecfg)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +221,7 @@ func (s *serveService) Start(ctx context.Context) error {
 		}
 	}()
 	s.log.Info("kvsource serve: started", "http", ln.Addr().String(), "bind", s.cfg.EventsBind,
-		"connect", len(s.cfg.EventsConnect), "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
+		"connect", len(s.cfg.EventsConnect), "keys", s.cfg.Keys, "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
 	return nil
 }
 

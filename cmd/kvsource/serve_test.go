@@ -139,6 +139,48 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Contains(t, stdout.String(), "POST /v1/pick")
 }
 
+func TestServeParsesKeysAndPodModels(t *testing.T) {
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, serveKeysEngine, cfg.Keys)
+
+	cfg, err = parseServeFlags([]string{"--keys", "content",
+		"--events-connect", "a=tcp://h:1,model=Qwen/Qwen3-0.6B@v2",
+		"--events-connect", "b=tcp://h:2,model=m,replay=tcp://h:3",
+		"--events-connect", "c=tcp://h:4,replay=tcp://h:5",
+	}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, serveKeysContent, cfg.Keys)
+	require.Equal(t, []servePodEndpoint{
+		{Pod: "a", Endpoint: "tcp://h:1", Model: "Qwen/Qwen3-0.6B@v2"},
+		{Pod: "b", Endpoint: "tcp://h:2", Replay: "tcp://h:3", Model: "m"},
+		{Pod: "c", Endpoint: "tcp://h:4", Replay: "tcp://h:5"},
+	}, cfg.EventsConnect)
+	require.Equal(t, hashing.Content, mustContentHasher(t, cfg).Config().Algo)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--keys", "engines"}, `--keys "engines": want engine or content`},
+		{[]string{"--algo", "content"}, "use --keys content"},
+		{[]string{"--events-connect", "a=tcp://h:1,model="}, "unknown option"},
+		{[]string{"--events-connect", "a=tcp://h:1,model=x,model=y"}, "given twice"},
+		{[]string{"--events-connect", "a=tcp://h:1,lora=x"}, "[,model=MODEL]"},
+		{[]string{"--events-replay", "a=tcp://h:1,model=x"}, "want POD=tcp://HOST:PORT"},
+	} {
+		_, err := parseServeFlags(tc.args, io.Discard)
+		require.ErrorContains(t, err, tc.want, "%q", tc.args)
+	}
+}
+
+func mustContentHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
+	t.Helper()
+	h, err := hashing.New(cfg.contentConfig())
+	require.NoError(t, err)
+	return h
+}
+
 func TestServeSeedFlagTellsUnsetFromEmpty(t *testing.T) {
 	cfg, err := parseServeFlags(nil, io.Discard)
 	require.NoError(t, err)
