@@ -25,8 +25,11 @@ import (
 
 // Config configures a Pod.
 type Config struct {
-	// Endpoint is bound by the PUB socket, e.g. "tcp://127.0.0.1:5557".
+	// Endpoint is the PUB socket's, bound unless Connect.
 	Endpoint string
+	// Connect dials Endpoint, a router's bind socket, instead of binding
+	// it, as llm-d's simulator does.
+	Connect bool
 	// ReplayEndpoint, when set, is bound by the ROUTER replay socket.
 	ReplayEndpoint string
 	// Topic is every message's first frame; vLLM's default is "".
@@ -74,9 +77,14 @@ func Start(cfg Config) (*Pod, error) {
 	}
 	_ = pub.SetLinger(0)
 	_ = pub.SetSndhwm(0)
-	if err := pub.Bind(cfg.Endpoint); err != nil {
+	if cfg.Connect {
+		err = pub.Connect(cfg.Endpoint)
+	} else {
+		err = pub.Bind(cfg.Endpoint)
+	}
+	if err != nil {
 		pub.Close()
-		return nil, fmt.Errorf("vllmpod: bind %s: %w", cfg.Endpoint, err)
+		return nil, fmt.Errorf("vllmpod: endpoint %s: %w", cfg.Endpoint, err)
 	}
 	p := &Pod{cfg: cfg, pub: pub, stop: make(chan struct{}), done: make(chan struct{})}
 	if cfg.ReplayEndpoint == "" {
