@@ -22,9 +22,10 @@ func (h Holder) String() string {
 	return h.Pod + "#" + strconv.Itoa(h.Rank)
 }
 
-// compareHolders orders holders by pod, then rank.
-func compareHolders(a, b Holder) int {
-	return cmp.Or(strings.Compare(a.Pod, b.Pod), cmp.Compare(a.Rank, b.Rank))
+// Compare orders holders by pod, then rank, for slices.SortFunc: -1 when
+// h sorts before o, 0 when they are equal, +1 otherwise.
+func (h Holder) Compare(o Holder) int {
+	return cmp.Or(strings.Compare(h.Pod, o.Pod), cmp.Compare(h.Rank, o.Rank))
 }
 
 // Tiers vLLM reports in KV events. Engines may report other media; the index

@@ -28,7 +28,7 @@ func (ix *Index) HolderList() []HolderModel {
 		if c := strings.Compare(a.Model, b.Model); c != 0 {
 			return c
 		}
-		return compareHolders(a.Holder, b.Holder)
+		return a.Holder.Compare(b.Holder)
 	})
 	return out
 }

@@ -195,7 +195,7 @@ func (hs *holderState) encode(e *encoder) {
 }
 
 func sortedHolders[V any](m map[Holder]V) []Holder {
-	return slices.SortedFunc(maps.Keys(m), compareHolders)
+	return slices.SortedFunc(maps.Keys(m), Holder.Compare)
 }
 
 type encoder struct {

@@ -23,6 +23,7 @@ import (
 	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -35,7 +36,7 @@ type serveService struct {
 	log    *slog.Logger
 	hasher *hashing.Hasher
 	idx    *index.Index
-	sub    *events.Subscriber
+	sub    *zmq.Subscriber
 	pk     *picker.Picker
 
 	reg       *prometheus.Registry
@@ -48,8 +49,6 @@ type serveService struct {
 	stopSub  context.CancelFunc
 	subDone  chan error
 	shutdown sync.Once
-	// subStopTimeout bounds how long Shutdown waits for the subscriber.
-	subStopTimeout time.Duration
 
 	// pulls holds the pull decisions by request id until POST /v1/done
 	// releases them or the in-flight TTL passes.
@@ -65,28 +64,27 @@ type serveInflightPull struct {
 }
 
 func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
-	h, err := hashing.New(cfg.hashingConfig())
+	// With --keys content the index holds content keys and requests are
+	// hashed the same way; the engines' own keys need not be reproducible
+	// (--algo does not matter), so their agreement is not checked.
+	content := cfg.Keys == serveKeysContent
+	hcfg := cfg.hashingConfig()
+	if content {
+		hcfg = cfg.contentConfig()
+	}
+	h, err := hashing.New(hcfg)
 	if err != nil {
 		return nil, err
 	}
-	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull](),
-		subStopTimeout: serveSubStopTimeout}
+	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
 	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
-	ecfg := events.Config{Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log}
-	if cfg.Keys == serveKeysContent {
-		// The index holds content keys and requests are hashed the same
-		// way; the engines' own keys need not be reproducible, so their
-		// agreement is not checked.
-		ck, err := hashing.New(cfg.contentConfig())
-		if err != nil {
-			return nil, err
-		}
-		ecfg.ContentKeys, ecfg.Hasher = ck, nil
-		s.hasher, h = ck, ck
+	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log}
+	if content {
+		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
-	s.sub, err = events.NewSubscriber(ecfg)
+	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{Events: ecfg, Bind: cfg.EventsBind})
 	if err != nil {
 		return nil, err
 	}
@@ -228,29 +226,25 @@ func (s *serveService) Start(ctx context.Context) error {
 // Addr returns the address the HTTP API listens on.
 func (s *serveService) Addr() string { return s.ln.Addr().String() }
 
-// serveSubStopTimeout is how long Shutdown waits for the subscriber to stop.
-const serveSubStopTimeout = 10 * time.Second
-
 // Shutdown stops accepting requests, waits for those in flight, stops the
-// subscriber and saves the snapshot when one is configured. A subscriber
-// that has not stopped after subStopTimeout is logged and left behind: the
-// snapshot is saved all the same (saveSnapshot is correct while events
-// flow) and Shutdown returns an error saying so.
+// subscriber (which returns within a second, replays included) and saves
+// the snapshot when one is configured. A subscriber that has not stopped
+// when ctx is done is logged and left behind: the snapshot is saved all the
+// same (saveSnapshot is correct while events flow) and Shutdown returns an
+// error saying so.
 func (s *serveService) Shutdown(ctx context.Context) error {
 	var err error
 	s.shutdown.Do(func() {
 		err = s.http.Shutdown(ctx)
 		s.stopSub()
-		t := time.NewTimer(s.subStopTimeout)
-		defer t.Stop()
 		select {
 		case serr := <-s.subDone:
 			if serr != nil && !errors.Is(serr, context.Canceled) {
 				err = errors.Join(err, fmt.Errorf("events: %w", serr))
 			}
-		case <-t.C:
-			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it", "timeout", s.subStopTimeout)
-			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop within %v", s.subStopTimeout))
+		case <-ctx.Done():
+			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it")
+			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop: %w", ctx.Err()))
 		}
 		if s.cfg.Snapshot != "" {
 			err = errors.Join(err, s.saveSnapshot())

@@ -253,7 +253,7 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
 	src := index.Holder{Pod: "10.0.0.2:8000"}
-	s.idx.Store("m", src, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: src, Tier: index.TierCPU, Keys: keys})
 
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
@@ -285,7 +285,7 @@ func FuzzServeRequests(f *testing.F) {
 	require.NoError(f, err)
 	keys, err := s.hasher.BlockKeys(nil, hashing.Request{Tokens: make([]uint32, 64)})
 	require.NoError(f, err)
-	s.idx.Store("m", index.Holder{Pod: "q:1"}, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "q:1"}, Tier: index.TierCPU, Keys: keys})
 	handlers := map[string]http.HandlerFunc{
 		"/v1/score": s.instrument("/v1/score", s.handleScore),
 		"/v1/pick":  s.instrument("/v1/pick", s.handlePick),
@@ -322,8 +322,8 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 	}
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.3:8000"}, index.TierGPU, 0, 0, false, keys[:10])
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.3:8000"}, Tier: index.TierGPU, Keys: keys[:10]})
 
 	for _, tc := range []struct {
 		dest   string
@@ -360,7 +360,7 @@ func TestServeRunsWithAnInflightTTLBelowTheSweepTick(t *testing.T) {
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Eventually(t, func() bool { return s.pulls.Size() == 0 }, 10*time.Second, 5*time.Millisecond)
@@ -373,7 +373,7 @@ func TestServeGivesEveryPullItsOwnKVRequestID(t *testing.T) {
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
 	pick := func(req map[string]any) string {
 		t.Helper()
 		code, body := serveCall(t, "POST", base+"/v1/pick", req)

@@ -14,13 +14,13 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/signal"
 	"slices"
 	"time"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -113,16 +113,17 @@ func (d *Director) Done(ctx context.Context, req *InferenceRequest, target Endpo
 
 // engine is a simulated vLLM engine's event publisher.
 type engine struct {
-	pub    *events.Publisher
+	pub    *zmq.Publisher
 	hasher *hashing.Hasher
 }
 
 // cache publishes that the engine holds tokens' blocks on GPU and, offloaded,
-// on CPU, as vLLM does after a prefill.
-func (e *engine) cache(tokens []uint32) error {
+// on CPU, as vLLM does after a prefill, and returns the batch's sequence
+// number.
+func (e *engine) cache(tokens []uint32) (uint64, error) {
 	keys, err := e.hasher.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	bs := e.hasher.Config().BlockSize
 	var b events.Batch
@@ -131,17 +132,7 @@ func (e *engine) cache(tokens []uint32) error {
 			Type: events.EventBlockStored, Medium: tier, BlockHashes: keys, BlockSize: bs, TokenIDs: tokens[:len(keys)*bs],
 		})
 	}
-	_, err = e.pub.Publish(&b)
-	return err
-}
-
-func freeEndpoint() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String(), nil
+	return e.pub.Publish(&b)
 }
 
 // Setup is the walkthrough's world: the plugin with its subscriber running,
@@ -157,19 +148,24 @@ type Setup struct {
 
 const model = "example/model"
 
-// Start builds the plugin, its subscriber and n endpoints with engines.
+// Start builds the plugin, its subscriber and n endpoints with engines, and
+// returns once the plugin has applied a batch of every engine.
 func Start(ctx context.Context, n int, log *slog.Logger) (*Setup, error) {
-	ep, err := freeEndpoint()
-	if err != nil {
-		return nil, err
-	}
-	p, err := New(Config{Name: "kv", Events: &events.Config{Bind: []string{ep}, TopicPrefix: "kv@"}, MinCachedTokenDelta: 256, Logger: log})
+	p, err := New(Config{Name: "kv", Events: &zmq.SubscriberConfig{Bind: []string{"tcp://127.0.0.1:0"}, TopicPrefix: "kv@"},
+		MinCachedTokenDelta: 256, Logger: log})
 	if err != nil {
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	s := &Setup{Plugin: p, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- p.Run(rctx) }()
+	select {
+	case <-p.Subscriber().Ready():
+	case err := <-s.done:
+		s.done <- err
+		s.Close()
+		return nil, fmt.Errorf("subscriber: %w", err)
+	}
 	s.Director = &Director{
 		Producers: []PrepareDataPlugin{p},
 		Scorers:   []weighted{{p, 1}, {queueScorer{}, 2}},
@@ -177,36 +173,38 @@ func Start(ctx context.Context, n int, log *slog.Logger) (*Setup, error) {
 		Response:  []ResponseBody{p},
 		Log:       log,
 	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
 	for i := range n {
 		meta := EndpointMetadata{Name: fmt.Sprintf("vllm-%d", i), Address: fmt.Sprintf("10.0.0.%d", i+1), Port: "8000"}
-		s.Endpoints = append(s.Endpoints, NewEndpoint(meta, Metrics{}))
-		pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: ep, Topic: fmt.Sprintf("kv@%s@%s", meta.HostPort(), model)})
+		ep := NewEndpoint(meta, Metrics{})
+		s.Endpoints = append(s.Endpoints, ep)
+		pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: p.Subscriber().Addrs()[0], Topic: fmt.Sprintf("kv@%s@%s", meta.HostPort(), model)})
 		if err != nil {
 			s.Close()
 			return nil, err
 		}
 		h, err := hashing.New(hashing.Config{})
 		if err != nil {
+			pub.Close()
 			s.Close()
 			return nil, err
 		}
 		s.engines = append(s.engines, &engine{pub: pub, hasher: h})
-	}
-	// A subscription takes a moment to reach each publisher: send empty
-	// batches until the subscriber knows every engine.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(p.Subscriber().Status()) < n {
-		for _, e := range s.engines {
-			if _, err := e.pub.Publish(&events.Batch{}); err != nil {
-				s.Close()
-				return nil, err
-			}
+		// ZMQ drops what a publisher sends before the subscription reaches
+		// it: wait for it, then for the plugin to apply a first batch.
+		err = pub.WaitSubscribed(wctx)
+		var seq uint64
+		if err == nil {
+			seq, err = pub.Publish(&events.Batch{})
 		}
-		if time.Now().After(deadline) {
+		if err == nil {
+			err = p.Subscriber().WaitApplied(wctx, holderOf(ep), seq)
+		}
+		if err != nil {
 			s.Close()
-			return nil, errors.New("engines' KV events never reached the plugin")
+			return nil, fmt.Errorf("engine %s's KV events never reached the plugin: %w", meta.HostPort(), err)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	return s, nil
 }
@@ -214,7 +212,8 @@ func Start(ctx context.Context, n int, log *slog.Logger) (*Setup, error) {
 // Cache makes endpoint i's engine cache tokens and waits until the plugin's
 // index has the blocks.
 func (s *Setup) Cache(ctx context.Context, i int, tokens []uint32) error {
-	if err := s.engines[i].cache(tokens); err != nil {
+	seq, err := s.engines[i].cache(tokens)
+	if err != nil {
 		return err
 	}
 	keys, err := s.engines[i].hasher.BlockKeys(nil, hashing.Request{Tokens: tokens})
@@ -222,12 +221,11 @@ func (s *Setup) Cache(ctx context.Context, i int, tokens []uint32) error {
 		return err
 	}
 	h := holderOf(s.Endpoints[i])
-	for s.Plugin.Index().Run(model, h, keys, 0, nil) < len(keys) {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
-		}
+	if err := s.Plugin.Subscriber().WaitApplied(ctx, h, seq); err != nil {
+		return err
+	}
+	if got := s.Plugin.Index().Run(model, h, keys, 0, nil); got < len(keys) {
+		return fmt.Errorf("engine %d: the index holds %d of %d blocks after applying its batch", i, got, len(keys))
 	}
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -46,9 +46,11 @@ type Config struct {
 	// block size); the zero value is vLLM's default.
 	Hashing hashing.Config
 	// Events configures the KV event subscriber feeding the plugin's index
-	// (its Sink is set by the plugin). Engines' topics must name each pod
-	// by the "address:port" of its endpoint. Nil: the caller feeds Index.
-	Events *events.Config
+	// (its Events.Sink and Events.Hasher are set by the plugin). Engines'
+	// topics must name each pod by the "address:port" of its endpoint. Nil:
+	// the caller feeds Index (for instance through an events.Processor on
+	// a transport of its own).
+	Events *zmq.SubscriberConfig
 	// Index is the index to read; nil creates one.
 	Index *index.Index
 	// MinCachedTokenDelta is the smallest pull worth making, in tokens;
@@ -81,7 +83,7 @@ type KVSource struct {
 	name    string
 	hasher  *hashing.Hasher
 	idx     *index.Index
-	sub     *events.Subscriber
+	sub     *zmq.Subscriber
 	pick    *picker.Picker
 	prefill string
 	log     *slog.Logger
@@ -137,12 +139,12 @@ func New(cfg Config) (*KVSource, error) {
 	}
 	if cfg.Events != nil {
 		ec := *cfg.Events
-		ec.Sink = idx
-		ec.Hasher = h
-		if ec.Logger == nil {
-			ec.Logger = log
+		ec.Events.Sink = idx
+		ec.Events.Hasher = h
+		if ec.Events.Logger == nil {
+			ec.Events.Logger = log
 		}
-		if p.sub, err = events.NewSubscriber(ec); err != nil {
+		if p.sub, err = zmq.NewSubscriber(ec); err != nil {
 			return nil, err
 		}
 	}
@@ -163,7 +165,7 @@ func (p *KVSource) Run(ctx context.Context) error {
 }
 
 // Subscriber returns the plugin's subscriber, nil without one.
-func (p *KVSource) Subscriber() *events.Subscriber { return p.sub }
+func (p *KVSource) Subscriber() *zmq.Subscriber { return p.sub }
 
 // Index returns the plugin's index.
 func (p *KVSource) Index() *index.Index { return p.idx }

@@ -48,7 +48,7 @@ func (w *world) hold(t *testing.T, i int, tier string, tokens []uint32) {
 	t.Helper()
 	keys, err := w.h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	w.idx.Store(model, holderOf(w.eps[i]), tier, 0, 0, false, keys)
+	w.idx.Store(index.Blocks{Model: model, Holder: holderOf(w.eps[i]), Tier: tier, Keys: keys})
 }
 
 func (w *world) request(id string, tokens []uint32) *InferenceRequest {

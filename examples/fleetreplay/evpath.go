@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/index"
 )
 
@@ -17,70 +17,51 @@ import (
 var errEvents = errors.New("events lost or mistrusted")
 
 // eventPath carries the pods' cache changes to the router's index as a vLLM
-// fleet does: each pod's events.Publisher connects to the router's
-// events.Subscriber, bound on a free loopback port, with a replay socket of
+// fleet does: each pod's zmq.Publisher connects to the router's
+// zmq.Subscriber, bound on a free loopback port, with a replay socket of
 // its own; the subscriber applies the events to an index.Index.
 type eventPath struct {
 	idx     *index.Index
-	sub     *events.Subscriber
-	pubs    []*events.Publisher
+	sub     *zmq.Subscriber
+	pubs    []*zmq.Publisher
 	pods    []*pod
 	sent    []uint64 // per pod: batches published
-	applied []uint64 // per pod: batches the subscriber has applied, as last seen
 	dirty   bool
 	timeout time.Duration
 	cancel  context.CancelFunc
 	done    chan error
 }
 
-// loopbackEndpoints returns n distinct TCP endpoints on free loopback
-// ports. The ports are held until all are chosen, so that none is handed
-// out twice.
-func loopbackEndpoints(n int) ([]string, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	eps := make([]string, n)
-	for i := range eps {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free loopback port: %w", err)
-		}
-		ls = append(ls, l)
-		eps[i] = fmt.Sprintf("tcp://127.0.0.1:%d", l.Addr().(*net.TCPAddr).Port)
-	}
-	return eps, nil
-}
-
 func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 	e.timeout = opt.syncTimeout
 	e.idx = index.New(index.Config{})
-	eps, err := loopbackEndpoints(1 + len(f.pods))
-	if err != nil {
-		return err
+	cfg := zmq.SubscriberConfig{
+		Events: events.Config{Sink: e.idx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Bind:   []string{"tcp://127.0.0.1:0"},
 	}
-	bind := eps[0]
-	cfg := events.Config{Sink: e.idx, Bind: []string{bind}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if opt.hashCheck {
-		cfg.Hasher = f.rtr.h
+		cfg.Events.Hasher = f.rtr.h
 	}
 	if opt.logger != nil {
-		cfg.Logger = opt.logger
+		cfg.Events.Logger = opt.logger
 	}
-	if e.sub, err = events.NewSubscriber(cfg); err != nil {
+	var err error
+	if e.sub, err = zmq.NewSubscriber(cfg); err != nil {
 		return err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	e.cancel, e.done = cancel, make(chan error, 1)
 	go func() { e.done <- e.sub.Run(rctx) }()
+	select {
+	case <-e.sub.Ready():
+	case err := <-e.done:
+		e.done <- err
+		return fmt.Errorf("%w: the subscriber stopped: %v", errSync, err)
+	}
 	e.pods = f.pods
-	for i, p := range f.pods {
-		replay := eps[1+i]
-		pub, err := events.NewPublisher(events.PublisherConfig{
-			Endpoint: bind, ReplayEndpoint: replay,
+	for _, p := range f.pods {
+		pub, err := zmq.NewPublisher(zmq.PublisherConfig{
+			Connect: e.sub.Addrs()[0], ReplayEndpoint: "tcp://127.0.0.1:0",
 			Topic:  fmt.Sprintf("kv@%s@%s", p.name, f.model),
 			Layout: events.LayoutMap,
 		})
@@ -89,55 +70,22 @@ func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 			return err
 		}
 		e.pubs = append(e.pubs, pub)
-		if err := e.sub.AddPod(p.name, "", replay); err != nil {
+		if err := e.sub.AddPod(p.name, "", pub.ReplayAddr()); err != nil {
 			e.close()
 			return err
 		}
 	}
 	e.sent = make([]uint64, len(f.pods))
-	e.applied = make([]uint64, len(f.pods))
-	return e.handshake(ctx)
-}
-
-// handshake publishes an empty batch from every pod until the subscriber has
-// seen one from each: a ZMQ subscription takes a moment to reach a
-// publisher, and what is published before it arrives is lost (the
-// subscriber would then recover it by replay).
-func (e *eventPath) handshake(ctx context.Context) error {
-	deadline := time.Now().Add(e.timeout)
-	var empty events.Batch
-	for {
-		for i, p := range e.pods {
-			if e.applied[i] == 0 {
-				if err := e.publish(p, &empty); err != nil {
-					return err
-				}
-			}
-		}
-		time.Sleep(2 * time.Millisecond)
-		e.poll()
-		waiting := 0
-		for i := range e.pods {
-			if e.applied[i] == 0 {
-				waiting++
-			}
-		}
-		if waiting == 0 {
-			return e.sync(ctx)
-		}
-		select {
-		case err := <-e.done:
-			e.done <- err
-			return fmt.Errorf("%w: the subscriber stopped: %v", errSync, err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %d pods' events never reached the subscriber", errSync, waiting)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
+	// What a publisher sends before the subscription reaches it is lost
+	// (and would be recovered by replay): wait for every subscription.
+	wctx, wcancel := context.WithTimeout(ctx, e.timeout)
+	defer wcancel()
+	for i, pub := range e.pubs {
+		if err := pub.WaitSubscribed(wctx); err != nil {
+			return fmt.Errorf("%w: pod %s's events never reached the subscriber: %v", errSync, e.pods[i].name, err)
 		}
 	}
+	return nil
 }
 
 func (e *eventPath) index() *index.Index { return e.idx }
@@ -151,44 +99,29 @@ func (e *eventPath) publish(p *pod, b *events.Batch) error {
 	return nil
 }
 
-// poll reads the subscriber's per-holder sequence numbers.
-func (e *eventPath) poll() {
-	for i, p := range e.pods {
-		if seq, ok := e.sub.LastSeq(p.holder()); ok {
-			e.applied[i] = max(e.applied[i], seq+1)
-		}
-	}
-}
-
 // sync waits until the subscriber has applied every pod's last published
 // sequence number, so the next decision reads the index the events made.
 func (e *eventPath) sync(ctx context.Context) error {
 	if !e.dirty {
 		return nil
 	}
-	deadline := time.Now().Add(e.timeout)
-	for wait := 20 * time.Microsecond; ; wait = min(2*wait, time.Millisecond) {
-		e.poll()
-		behind := -1
-		for i := range e.pods {
-			if e.applied[i] < e.sent[i] {
-				behind = i
-				break
+	wctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	for i, p := range e.pods {
+		if e.sent[i] == 0 {
+			continue
+		}
+		if err := e.sub.WaitApplied(wctx, p.holder(), e.sent[i]-1); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
+			applied, _ := e.sub.LastSeq(p.holder())
+			return fmt.Errorf("%w: pod %s published %d batches, the last applied is %d after %v",
+				errSync, p.name, e.sent[i], applied, e.timeout)
 		}
-		if behind < 0 {
-			e.dirty = false
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: pod %s published %d batches, %d applied after %v",
-				errSync, e.pods[behind].name, e.sent[behind], e.applied[behind], e.timeout)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		time.Sleep(wait)
 	}
+	e.dirty = false
+	return nil
 }
 
 func (e *eventPath) close() {

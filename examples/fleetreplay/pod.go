@@ -213,7 +213,7 @@ func (p *pod) store(r *request, from, to int, tier string) {
 		e := p.event(events.EventBlockStored, tier)
 		e.BlockHashes = append(e.BlockHashes, keys[a:b]...)
 		if a > 0 {
-			e.Parent, e.HasParent = keys[a-1], true
+			e.Parent = events.Some(keys[a-1])
 		}
 		e.TokenIDs = r.appendTokens(e.TokenIDs, a*bs, b*bs)
 		e.BlockSize = bs

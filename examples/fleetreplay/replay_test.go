@@ -319,7 +319,8 @@ func TestPodEvictsPromptTailsFirstAndQueuesTheEvents(t *testing.T) {
 	require.False(t, p.gpu.has(12))
 	var got []string
 	for _, e := range p.out.Events {
-		got = append(got, fmt.Sprintf("%s %s %v parent=%v/%d tokens=%v", e.Type, e.Medium, e.BlockHashes, e.HasParent, e.Parent, e.TokenIDs))
+		parent, hasParent := e.Parent.Get()
+		got = append(got, fmt.Sprintf("%s %s %v parent=%v/%d tokens=%v", e.Type, e.Medium, e.BlockHashes, hasParent, parent, e.TokenIDs))
 	}
 	require.Equal(t, []string{
 		"BlockStored GPU [10 11 12] parent=false/0 tokens=[1 2 3]",
