@@ -18,6 +18,8 @@ const (
 	cReplayErrors
 	cReplayTimeouts
 	cReplayed
+	cReplayRounds
+	cReplayRecovered
 	cUnrecovered
 	cRestarts
 	cDups
@@ -25,6 +27,11 @@ const (
 	cHashChecks
 	cHashMismatches
 	cUnresolved
+	cTokenless
+	cEmptyTopic
+	cUnknownTopic
+	cNoModel
+	cZeroParents
 	cHolderLimit
 	cChunkedOffload
 	numCounters
@@ -67,6 +74,8 @@ var Counters = []Counter{
 	{"replay_errors", "Replay requests that failed or timed out.", func(s *Stats) *uint64 { return &s.ReplayErrors }, nil, cReplayErrors},
 	{"replay_timeouts", "Of the failed replay requests, those that timed out.", func(s *Stats) *uint64 { return &s.ReplayTimeouts }, nil, cReplayTimeouts},
 	{"replayed_batches", "Batches applied from replay.", func(s *Stats) *uint64 { return &s.Replayed }, nil, cReplayed},
+	{"replay_rounds", "Replay requests repeated because replies were lost in transit.", func(s *Stats) *uint64 { return &s.ReplayRounds }, nil, cReplayRounds},
+	{"replay_recovered_batches", "Batches applied by repeated replay requests.", func(s *Stats) *uint64 { return &s.ReplayRecovered }, nil, cReplayRecovered},
 	{"unrecovered_gaps", "Gaps replay did not close; the gap policy applied.", func(s *Stats) *uint64 { return &s.Unrecovered },
 		func(h *HolderStatus) *uint64 { return &h.Unrecovered }, cUnrecovered},
 	{"restarts", "Engine restarts (sequences going backwards).", func(s *Stats) *uint64 { return &s.Restarts },
@@ -78,6 +87,12 @@ var Counters = []Counter{
 	{"hash_mismatches", "Hash agreement checks that failed: engine and router hash differently.", func(s *Stats) *uint64 { return &s.HashMismatches },
 		func(h *HolderStatus) *uint64 { return &h.HashMismatches }, cHashMismatches},
 	{"unresolved_blocks", "Content-key mode: blocks whose content key was unknown.", func(s *Stats) *uint64 { return &s.Unresolved }, nil, cUnresolved},
+	{"tokenless_events", "Content-key mode: BlockStored events without token ids whose blocks could not be keyed.", func(s *Stats) *uint64 { return &s.Tokenless },
+		func(h *HolderStatus) *uint64 { return &h.Tokenless }, cTokenless},
+	{"empty_topic", "Of the bad messages, bind-mode messages with vLLM's default empty topic, which names no pod.", func(s *Stats) *uint64 { return &s.EmptyTopic }, nil, cEmptyTopic},
+	{"unknown_topic", "Of the bad messages, bind-mode messages whose topic is not kv@POD@MODEL.", func(s *Stats) *uint64 { return &s.UnknownTopic }, nil, cUnknownTopic},
+	{"no_model", "Of the bad messages, those of a pod whose model neither its topic nor its configuration names.", func(s *Stats) *uint64 { return &s.NoModel }, nil, cNoModel},
+	{"zero_parents", "BlockStored events with parent 0 (llm-d's empty block hash), read as starting a chain.", func(s *Stats) *uint64 { return &s.ZeroParents }, nil, cZeroParents},
 	{"holder_limit", "Messages dropped because their new holder would pass the holder limit.", func(s *Stats) *uint64 { return &s.HolderLimit }, nil, cHolderLimit},
 	{"chunked_offload", "Offload-tier events whose block size differs from the GPU tier's: their CPU-tier lookups undercount.", func(s *Stats) *uint64 { return &s.ChunkedOffload },
 		func(h *HolderStatus) *uint64 { return &h.ChunkedOffload }, cChunkedOffload},

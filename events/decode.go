@@ -72,8 +72,11 @@ type Event struct {
 	// bytes (big-endian) of a raw digest.
 	BlockHashes []uint64
 	// Parent is the key of the block before BlockHashes[0]; a BlockStored
-	// without parent starts at block 0.
-	Parent Opt[uint64]
+	// without parent starts at block 0. A parent of 0 is llm-d's empty
+	// block hash, which its producers send for a chain's first block: it
+	// reads as absent, with ZeroParent set.
+	Parent     Opt[uint64]
+	ZeroParent bool
 	// TokenIDs are all blocks' tokens concatenated; empty when the engine did
 	// not send them (CPU offload events before self-describing events).
 	TokenIDs  []uint32
@@ -98,7 +101,7 @@ func (e *Event) reset() {
 	e.Type = EventUnknown
 	e.TypeName = ""
 	e.BlockHashes = e.BlockHashes[:0]
-	e.Parent = Opt[uint64]{}
+	e.Parent, e.ZeroParent = Opt[uint64]{}, false
 	e.TokenIDs = e.TokenIDs[:0]
 	e.BlockSize = 0
 	e.LoRAID = Opt[int]{}
@@ -843,7 +846,9 @@ func (d *Decoder) field(e *Event, f int) error {
 		if e.Parent.v, err = d.hash("parent_block_hash"); err != nil {
 			return err
 		}
-		e.Parent.ok = true
+		// No engine key is 0 but by a 2^-64 chance; llm-d means "none".
+		e.Parent.ok = e.Parent.v != 0
+		e.ZeroParent = e.Parent.v == 0
 	case fTokens:
 		n, err := d.arrayLen("token_ids", true, maxTokens)
 		if err != nil || n < 0 {

@@ -94,6 +94,12 @@ type Config struct {
 	// the worker: only its own pod's later messages wait for it. A holder
 	// whose replay failed does not try again for 30s.
 	ReplayDeadline time.Duration
+	// ReplayRounds bounds the replay requests of one replay: vLLM's replay
+	// socket drops the replies a slower reader cannot take in time, so a
+	// replay whose replies have holes the engine still buffers asks again
+	// from the first missing batch, within the one ReplayDeadline; default
+	// 8. Past the last round the rest counts as lost.
+	ReplayRounds int
 	// Gap is the policy after an unrecovered gap; default GapClear.
 	Gap GapPolicy
 	// InitialSeqs holds, for a router restarted from an index snapshot, the
@@ -109,6 +115,10 @@ type Config struct {
 	// content-key mode: index keys are computed from the events' token ids
 	// rather than taken from the engine (see the package doc).
 	ContentKeys *hashing.Hasher
+	// ContentKeysHint names, in the hash-mismatch log, how the user turns
+	// content-key mode on; default "content-key mode
+	// (events.Config.ContentKeys)" (kvsource serve sets "--keys content").
+	ContentKeysHint string
 	// ContentMapSize bounds each holder's engine-key to content-key map in
 	// content-key mode; default 1<<20 entries.
 	ContentMapSize int
@@ -213,6 +223,12 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	}
 	if cfg.ReplayDeadline <= 0 {
 		cfg.ReplayDeadline = 10 * time.Second
+	}
+	if cfg.ReplayRounds <= 0 {
+		cfg.ReplayRounds = 8
+	}
+	if cfg.ContentKeysHint == "" {
+		cfg.ContentKeysHint = "content-key mode (events.Config.ContentKeys)"
 	}
 	if cfg.ContentMapSize <= 0 {
 		cfg.ContentMapSize = 1 << 20
@@ -451,14 +467,30 @@ type Stats struct {
 	ReplayErrors   uint64 // replay requests that failed or timed out
 	ReplayTimeouts uint64 // of ReplayErrors, those that timed out or ran out of ReplayDeadline
 	Replayed       uint64 // batches applied from replay
-	Unrecovered    uint64 // gaps replay did not close; the GapPolicy applied
-	Restarts       uint64 // sequences that went backwards: engine restarts
-	Duplicates     uint64 // live batches already applied from replay
-	QueueFull      uint64 // messages dropped because a worker queue was full
-	HashChecks     uint64 // hash agreement checks run
-	HashMismatches uint64 // hash agreement checks that failed
-	Unresolved     uint64 // content mode: blocks whose content key was unknown
-	HolderLimit    uint64 // dropped: their holder would be new and pass Config.MaxHolders
+	// ReplayRounds counts replay requests repeated because replies were
+	// lost in transit, ReplayRecovered the batches those rounds applied.
+	ReplayRounds    uint64
+	ReplayRecovered uint64
+	Unrecovered     uint64 // gaps replay did not close; the GapPolicy applied
+	Restarts        uint64 // sequences that went backwards: engine restarts
+	Duplicates      uint64 // live batches already applied from replay
+	QueueFull       uint64 // messages dropped because a worker queue was full
+	HashChecks      uint64 // hash agreement checks run
+	HashMismatches  uint64 // hash agreement checks that failed
+	Unresolved      uint64 // content mode: blocks whose content key was unknown
+	// Tokenless counts, in content mode, BlockStored events without token
+	// ids naming blocks never seen with tokens: their content keys cannot
+	// be computed (HolderStatus.Tokenless per holder).
+	Tokenless uint64
+	// Of BadMessages, by reason: EmptyTopic, bind-mode messages with vLLM's
+	// default empty topic; UnknownTopic, bind-mode topics the topic mapper
+	// rejects; NoModel, messages of a pod with no model from its topic or
+	// its configured one (zmq.PodConfig.Model).
+	EmptyTopic, UnknownTopic, NoModel uint64
+	// ZeroParents counts BlockStored events whose parent was 0, llm-d's
+	// empty block hash, read as starting a chain.
+	ZeroParents uint64
+	HolderLimit uint64 // dropped: their holder would be new and pass Config.MaxHolders
 	// ChunkedOffload counts offload-tier BlockStored events (applied as
 	// usual) whose non-zero block size differs from the GPU tier's: the
 	// offloading connector keys one block per chunk of several GPU blocks,
@@ -484,6 +516,9 @@ type HolderStatus struct {
 	// ChunkedOffload counts the holder's offload-tier BlockStored events
 	// whose block size differs from its GPU tier's (Stats.ChunkedOffload).
 	ChunkedOffload uint64 `json:"chunked_offload"`
+	// Tokenless counts the holder's content-mode BlockStored events that
+	// could not be resolved for want of token ids (Stats.Tokenless).
+	Tokenless uint64 `json:"tokenless_events"`
 	// State is "live", or "stale" while the holder's entries may include
 	// blocks the engine no longer has (GapKeep after an unrecovered gap, or
 	// a dropped message not yet resolved).

@@ -570,6 +570,9 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 		switch e.Type {
 		case EventBlockStored:
 			blocks += uint64(len(e.BlockHashes))
+			if e.ZeroParent {
+				w.p.c[cZeroParents].Add(1)
+			}
 			// A chunked offload event's block size is not the engine's
 			// hashing block size; the agreement check would blame the
 			// router's settings for it.
@@ -578,7 +581,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				w.checkAgreement(h, e, seq)
 			}
 			if h.content != nil {
-				w.storeContent(h, e)
+				w.storeContent(h, e, seq)
 				continue
 			}
 			switch {
