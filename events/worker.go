@@ -732,12 +732,19 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		return
 	}
 	h.lastLog = now
-	w.p.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss. "+
-		"Likely causes: a different --prefix-caching-hash-algo, PYTHONHASHSEED (xxhash algorithms need an explicit seed), "+
-		"block size, or VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES setting than the router's hashing.Config; "+
-		"if the engine's hashes cannot be reproduced, use content-key mode",
+	// Diagnose rehashes with every algorithm and a few seeds; the log
+	// interval bounds how often.
+	diag := cause
+	n = min(len(e.BlockHashes), checkBlocks)
+	if req, err := w.request(e, e.TokenIDs[:n*e.BlockSize]); err == nil {
+		if req.Extra != nil {
+			req.Extra = req.Extra[:n]
+		}
+		diag = hashing.Diagnose(cfg, e.BlockSize, req, e.BlockHashes[:n]).Explain(w.p.cfg.ContentKeysHint)
+	}
+	w.p.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss: "+diag,
 		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
-		"router_algo", string(cfg.Algo), "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
+		"router_algo", string(cfg.Algo), "router_seed", cfg.Seed, "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
 		"mismatches", h.c[cHashMismatches].Load())
 }
 
