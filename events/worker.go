@@ -492,12 +492,49 @@ const noTarget = ^uint64(0)
 // and an endpoint sending ever more must not hold the pod. A range the
 // engine no longer buffers is handed to the gap policy (except before h's
 // first batch).
+//
+// vLLM's replay socket drops replies a slow reader's pipe cannot hold, so a
+// reply stream can have holes, or lose its tail, although the engine still
+// buffers every batch. Such a round ends at the first hole and the next
+// asks again from the first missing sequence number, up to
+// Config.ReplayRounds rounds within the one ReplayDeadline.
 func (w *worker) replay(h *holder, from, until uint64) {
 	ctx, cancel := context.WithTimeout(w.p.ctx, w.p.cfg.ReplayDeadline)
 	defer cancel()
 	fresh := h.next == 0 && from == 0
+	for round := 1; ; round++ {
+		applied, why := w.replayRound(ctx, h, from, until, fresh)
+		if round > 1 {
+			w.p.c[cReplayRecovered].Add(applied)
+		}
+		if why == "" {
+			return
+		}
+		if applied > 0 {
+			fresh = false
+		}
+		if round >= w.p.cfg.ReplayRounds {
+			w.p.limited.logf(slog.LevelWarn, "events: replay still lost replies after the last round", h.id.Pod,
+				"rank", h.id.Rank, "seq", h.next, "rounds", round, "why", why)
+			return
+		}
+		w.p.c[cReplayRounds].Add(1)
+		w.p.limited.logf(slog.LevelInfo, "events: replay replies lost in transit, asking again from the first missing batch",
+			h.id.Pod, "rank", h.id.Rank, "seq", h.next, "round", round+1, "why", why)
+		from = h.next
+	}
+}
+
+// replayRound sends one replay request for the batches from seq from on
+// and applies the replies, as replay describes. It returns how many batches
+// it applied and, when the replies had holes or a lost tail that the engine
+// still buffers, why; "" when the replay is over, answered or failed.
+func (w *worker) replayRound(ctx context.Context, h *holder, from, until uint64, fresh bool) (applied uint64, why string) {
 	answered := false
+	received := 0
 	err := h.replay.Replay(ctx, h.id, from, func(seq uint64, payload []byte) bool {
+		first := received == 0
+		received++
 		if seq < h.next {
 			return true
 		}
@@ -507,6 +544,13 @@ func (w *worker) replay(h *holder, from, until uint64) {
 		}
 		if w.rbatch.DPRank.Or(0) != h.id.Rank {
 			return true
+		}
+		if seq > h.next && !first && !fresh {
+			// The engine buffers its batches without holes, and it had
+			// this round's first: the batches between were lost in
+			// transit.
+			why = fmt.Sprintf("replies %d to %d missing", h.next, seq-1)
+			return false
 		}
 		if seq >= until {
 			// Past the target without reaching it: the endpoint no longer
@@ -522,6 +566,7 @@ func (w *worker) replay(h *holder, from, until uint64) {
 		}
 		fresh = false
 		w.p.c[cReplayed].Add(1)
+		applied++
 		w.apply(h, &w.rbatch, seq)
 		if h.next >= until {
 			answered = true
@@ -530,6 +575,12 @@ func (w *worker) replay(h *holder, from, until uint64) {
 		return true
 	})
 	switch {
+	case why != "":
+		return applied, why
+	case err == nil && until != noTarget && h.next < until && received > 0:
+		// The end marker came, but the engine published up to until and
+		// had the range from the first reply on: the rest was dropped.
+		return applied, "end marker before the missing range was covered"
 	case err == nil:
 		w.replayAnswered(h)
 	case answered:
@@ -538,12 +589,17 @@ func (w *worker) replay(h *holder, from, until uint64) {
 	case errors.Is(err, context.DeadlineExceeded) && w.p.ctx.Err() == nil:
 		w.p.c[cReplayTimeouts].Add(1)
 		w.replayFailed(h, fmt.Errorf("not complete after %v: %w", w.p.cfg.ReplayDeadline, err))
+	case errors.Is(err, ErrReplayTimeout) && received > 0 && ctx.Err() == nil:
+		// Replies came, then stopped short of the end marker: the tail
+		// was dropped in transit.
+		return applied, "reply stream stopped before its end marker"
 	case errors.Is(err, ErrReplayTimeout):
 		w.p.c[cReplayTimeouts].Add(1)
 		w.replayFailed(h, err)
 	default:
 		w.replayFailed(h, err)
 	}
+	return applied, ""
 }
 
 func (w *worker) replayAnswered(h *holder) {
