@@ -341,6 +341,40 @@ func (p *Processor) BadMessage(pod, why string, args ...any) {
 	p.limited.logf(slog.LevelWarn, "events: dropped message: "+why, pod, args...)
 }
 
+// NoPod counts and logs a message dropped because its topic names no pod
+// (a transport that learns the pod from the topic, such as ZMQ's bind
+// mode), by reason: vLLM's default empty topic, or another topic that is
+// not kv@POD@MODEL. Each reason logs at most once per log interval, naming
+// the fix.
+func (p *Processor) NoPod(topic string, seq uint64) {
+	p.c[cMessages].Add(1)
+	p.c[cBadMessages].Add(1)
+	if topic == "" {
+		p.c[cEmptyTopic].Add(1)
+		p.limited.logAny(slog.LevelWarn, "events: dropped message with vLLM's default empty topic, which names no pod: "+
+			"set topic to kv@POD@MODEL in the engine's kv_events_config, or connect to the pod instead "+
+			"(kvsource serve: --events-connect POD=tcp://HOST:PORT,model=MODEL)", "", "seq", seq)
+		return
+	}
+	p.c[cUnknownTopic].Add(1)
+	p.limited.logAny(slog.LevelWarn, "events: dropped message whose topic names no pod: "+
+		"set topic to kv@POD@MODEL in the engine's kv_events_config, or connect to the pod instead",
+		"", "topic", topic, "seq", seq)
+}
+
+// NoModel counts and logs a message of pod dropped because neither its
+// topic nor the pod's configuration names its model: indexing it under an
+// empty model would match no request.
+func (p *Processor) NoModel(pod, topic string, seq uint64) {
+	p.c[cMessages].Add(1)
+	p.c[cBadMessages].Add(1)
+	p.c[cNoModel].Add(1)
+	p.limited.logf(slog.LevelWarn, "events: dropped message of a pod with no model: its topic names none "+
+		"(vLLM's default topic is empty); set topic to kv@POD@MODEL in the engine's kv_events_config, "+
+		"or give the pod its model (kvsource serve: --events-connect POD=...,model=MODEL)",
+		pod, "topic", topic, "seq", seq)
+}
+
 // WaitApplied returns once holder h has applied the batch with sequence
 // number seq or a later one, or with ctx's error when ctx is done first.
 func (p *Processor) WaitApplied(ctx context.Context, h index.Holder, seq uint64) error {
