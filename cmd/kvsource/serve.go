@@ -31,7 +31,7 @@ import (
 //	                    "predicted_saving_ms" (with --calibration), ...}
 //	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight
 //	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "gaps", "replays", "decode_errors",
-//	                 "hash_mismatches", "state", "inflight_pulls"}]}
+//	                 "hash_mismatches", "tokenless_events", "state", "inflight_pulls"}]}
 //	GET  /metrics   Prometheus; GET /healthz
 //
 // A candidate without "dp_rank" stands for every rank of its pod. Bad

@@ -80,7 +80,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
-	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log}
+	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content"}
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
@@ -89,7 +89,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	for _, pe := range cfg.EventsConnect {
-		if err := s.sub.AddPod(pe.Pod, pe.Endpoint, pe.Replay); err != nil {
+		if err := s.sub.AddPodConfig(zmq.PodConfig{Pod: pe.Pod, Endpoint: pe.Endpoint, Replay: pe.Replay, Model: pe.Model}); err != nil {
 			return nil, fmt.Errorf("--events-connect %s: %w", pe.Pod, err)
 		}
 	}
@@ -594,18 +594,19 @@ func servePickerError(err error) error {
 }
 
 type servePodJSON struct {
-	Pod            string         `json:"pod"`
-	Model          string         `json:"model"`
-	DPRank         int            `json:"dp_rank"`
-	Blocks         map[string]int `json:"blocks"`
-	LastSeq        uint64         `json:"last_seq"`
-	Gaps           uint64         `json:"gaps"`
-	Replays        uint64         `json:"replays"`
-	DecodeErrors   uint64         `json:"decode_errors"`
-	HashMismatches uint64         `json:"hash_mismatches"`
-	ChunkedOffload uint64         `json:"chunked_offload"`
-	State          string         `json:"state"`
-	InflightPulls  int            `json:"inflight_pulls"`
+	Pod             string         `json:"pod"`
+	Model           string         `json:"model"`
+	DPRank          int            `json:"dp_rank"`
+	Blocks          map[string]int `json:"blocks"`
+	LastSeq         uint64         `json:"last_seq"`
+	Gaps            uint64         `json:"gaps"`
+	Replays         uint64         `json:"replays"`
+	DecodeErrors    uint64         `json:"decode_errors"`
+	HashMismatches  uint64         `json:"hash_mismatches"`
+	ChunkedOffload  uint64         `json:"chunked_offload"`
+	TokenlessEvents uint64         `json:"tokenless_events"`
+	State           string         `json:"state"`
+	InflightPulls   int            `json:"inflight_pulls"`
 }
 
 // handlePods lists every holder the subscriber knows, and every holder the
@@ -621,7 +622,7 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 	for _, st := range status {
 		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: s.holderBlocks(st.Model, st.Holder()),
 			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
-			HashMismatches: st.HashMismatches, ChunkedOffload: st.ChunkedOffload, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
+			HashMismatches: st.HashMismatches, ChunkedOffload: st.ChunkedOffload, TokenlessEvents: st.Tokenless, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
 	}
 	for _, hm := range serveUnseen(list, status) {
 		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,

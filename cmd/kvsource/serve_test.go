@@ -158,6 +158,14 @@ func TestServeParsesKeysAndPodModels(t *testing.T) {
 	}, cfg.EventsConnect)
 	require.Equal(t, hashing.Content, mustContentHasher(t, cfg).Config().Algo)
 
+	// --algo does not matter to content keys: an xxhash algorithm without
+	// a seed, which engine keys refuse, starts.
+	cfg, err = parseServeFlags([]string{"--keys", "content", "--algo", "xxhash", "--http", "127.0.0.1:0"}, io.Discard)
+	require.NoError(t, err)
+	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	require.Equal(t, hashing.Content, s.hasher.Config().Algo)
+
 	for _, tc := range []struct {
 		args []string
 		want string
