@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/llmdsim"
+	"github.com/kvsource/kvsource/internal/testenv"
 	"github.com/kvsource/kvsource/internal/vllmpod"
 )
 
@@ -179,7 +180,7 @@ func startVLLMPods(t *testing.T, topicModel string, pods ...string) ([]*vllmpod.
 	var out []*vllmpod.Pod
 	var flags []string
 	for _, pod := range pods {
-		port, replay := serveFreePort(t), serveFreePort(t)
+		port, replay := testenv.FreePort(t), testenv.FreePort(t)
 		topic := ""
 		if topicModel != "" {
 			topic = "kv@" + pod + "@" + topicModel
@@ -323,4 +324,34 @@ func TestServeLLMDP2PGuideSettings(t *testing.T) {
 	require.Equal(t, 36, want.run(a, []string{index.TierCPU}, 4, n))
 	require.Equal(t, 31, want.run(a, []string{index.TierCPU}, 9, n))
 	require.NotContains(t, logs.String(), "level=ERROR")
+}
+
+func TestServeEmptyTopicTakesTheModelFromTheFlag(t *testing.T) {
+	const model = "Qwen/Qwen3-8B"
+	tokens, keys := p2pGuideTokens()[:4*64], p2pGuideKeys[:4]
+	// vLLM's default kv_events_config: topic "".
+	pods, flags := startVLLMPods(t, "", "10.0.5.1:8000", "10.0.5.2:8000")
+	flags[1] += ",model=" + model // the first pod gets its model from the flag; the second has none
+	var logs syncLog
+	base := startServeLogged(t, &logs, append(flags, "--block-size", "64", "--seed", "0")...)
+	for _, p := range pods {
+		_, err := p.Publish(vllmBatch(t, vllmStored(keys, tokens, 64, 0, 4, "GPU")))
+		require.NoError(t, err)
+	}
+	a := index.Holder{Pod: "10.0.5.1:8000"}
+	want := serveHoldings{}
+	want.set(a, index.TierGPU, 0, 4, true)
+	awaitHoldings(t, base, pods, want)
+	listed := servePods(t, base)
+	require.Len(t, listed, 1, "the pod without a model is not indexed under an empty one")
+	require.Equal(t, model, listed[a].Model)
+	require.Zero(t, listed[a].HashMismatches)
+
+	code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.Contains(t, string(body), `"matched_blocks":4`)
+	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+	require.Regexp(t, `kvsource_events_no_model_total [1-9]`, string(metrics))
+	require.Contains(t, logs.String(), "pod=10.0.5.2:8000")
+	require.Contains(t, logs.String(), "model=MODEL")
 }
