@@ -34,3 +34,4 @@ fuzz: deps
 	$(GO) test ./transfer/p2p -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
