@@ -49,7 +49,10 @@
 //   - A jump forward is a gap. When the pod has a replay endpoint the missed
 //     batches are fetched and applied in order, up to the batch that showed
 //     the gap; Config.ReplayDeadline bounds the whole replay, since the
-//     pod's later events wait for it.
+//     pod's later events wait for it. vLLM's replay socket drops replies a
+//     slower reader cannot take in time, leaving holes the engine still
+//     buffers: the replay then asks again from the first missing batch, up
+//     to Config.ReplayRounds rounds (Stats.ReplayRounds, ReplayRecovered).
 //   - A gap replay cannot close (no endpoint, timeout, range no longer
 //     buffered) is handled by Config.Gap. The default, GapClear, clears the
 //     holder's entries: from then on the index holds a subset of the
@@ -110,7 +113,12 @@
 // (algorithm, PYTHONHASHSEED, block size). Config.Hasher enables the hash
 // agreement check: each BlockStored that starts at block 0 with token ids
 // is rehashed and compared, a mismatch is counted per holder and logged
-// once per holder and interval with its likely causes. Choose this mode
+// once per holder and interval with its likely cause (hashing.Diagnose:
+// the algorithm, seed or block size that reproduces the engine's keys, or
+// none, pointing at a random seed or at keys that are not vLLM's, whose
+// remedy Config.ContentKeysHint names). A parent hash of 0, which llm-d's
+// producers send for a chain's first block, reads as no parent
+// (Stats.ZeroParents), so their events are checked too. Choose this mode
 // whenever the engines' settings are known and reproducible: keys need no
 // translation and every event, including token-less ones, applies.
 //
