@@ -17,6 +17,7 @@ build: deps
 
 test: deps
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 	$(GO) test -race -count=1 -timeout 9m ./...
 
 # Benchmarks and long soaks; see BENCHMARKS.md for the numbers and machine.
@@ -35,3 +36,5 @@ fuzz: deps
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzUnmarshal -fuzztime $(FUZZTIME) -fuzzminimizetime 2s

@@ -31,6 +31,16 @@
 //		// forward the request with the header; d.Done() when the pull is over
 //	}
 //
+// Only holders with the prefix in the CPU offload tier are pull sources by
+// default, because vLLM's P2P producers serve pulls from it: a holder with
+// the prefix on GPU alone scores, but is not pulled from. A transport that
+// reads GPU memory sets picker.Config.PullTiers to
+// []string{index.TierGPU, index.TierCPU}. A router that moves the blocks
+// itself fetches d.TransferKeys(blocks, 0) over a transfer.Session, blocks
+// being the prompt's h.Blocks. A reason of unknown_model rather than
+// no_holder says the index knows other models but not this one, typically
+// a misspelled model name.
+//
 // The examples folder holds a fleet replay (make demo), an HTTP router and an
 // llm-d endpoint-picker plugin built on these packages.
 package kvsource

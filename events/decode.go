@@ -55,6 +55,8 @@ func (t EventType) String() string {
 // scheduler step. Reuse one Batch across Decode calls: its slices, and those
 // of its events, are recycled, so steady-state decoding does not allocate.
 type Batch struct {
+	// TS is when the engine published the batch: seconds since the Unix
+	// epoch, as Python's time.time() gives them (vLLM's EventBatch.ts).
 	TS float64
 	// DPRank is the engine's data-parallel rank; absent when the payload
 	// had no rank or a nil one (rank 0).
@@ -161,10 +163,9 @@ func (r *payloadReader) remaining() int { return len(r.b) - r.i }
 // value is ready to use. A Decoder is not safe for concurrent use; give each
 // goroutine its own.
 type Decoder struct {
-	r      payloadReader
-	md     *msgpack.Decoder
-	strs   map[string]string
-	errCtx string
+	r    payloadReader
+	md   *msgpack.Decoder
+	strs map[string]string
 }
 
 // NewDecoder returns a ready Decoder.

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // benchTokens is the benchmark prompt: 32,768 tokens of a 152,064
@@ -66,4 +67,46 @@ func BenchmarkBlockKeys(b *testing.B) {
 		reportBlocks(b, len(payloads))
 		_ = sink
 	})
+}
+
+// BenchmarkCachedBlockKeys hashes the 32,768-token prompt through a
+// Cache: "cold" a prompt the cache has never seen, "warm" one whose first
+// 30,720 tokens an earlier call hashed (a next turn: each iteration's last
+// 2,048 tokens are new). Each iteration also hashes the same prompt with
+// Hasher.BlockKeys, the baseline, right after: the machine's load falls on
+// both alike, and x-uncached is the ratio of their times.
+func BenchmarkCachedBlockKeys(b *testing.B) {
+	const shared = 30720
+	h, err := New(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := func(name string, vary int) {
+		b.Run(name, func(b *testing.B) {
+			c := NewCache(CacheConfig{})
+			req := Request{Tokens: benchTokens()}
+			dst, _ := c.BlockKeys(h, nil, req)
+			base, _ := h.BlockKeys(nil, req)
+			var cached, uncached time.Duration
+			b.ReportAllocs()
+			i := uint32(0)
+			for b.Loop() {
+				i++
+				req.Tokens[vary] = 1<<31 | i // a prompt no earlier call sent
+				t0 := time.Now()
+				dst, _ = c.BlockKeys(h, dst, req)
+				t1 := time.Now()
+				base, _ = h.BlockKeys(base, req)
+				uncached += time.Since(t1)
+				cached += t1.Sub(t0)
+			}
+			b.ReportMetric(float64(cached.Nanoseconds())/float64(b.N), "ns/cached")
+			b.ReportMetric(float64(uncached.Nanoseconds())/float64(b.N), "ns/uncached")
+			b.ReportMetric(float64(cached)/float64(uncached), "x-uncached")
+			st := c.Stats()
+			b.ReportMetric(float64(st.HitBlocks)/float64(st.HitBlocks+st.MissBlocks), "hit-rate")
+		})
+	}
+	run("cold", 0)
+	run("warm", shared)
 }

@@ -49,10 +49,16 @@ func appendContentBlock(b []byte, parent uint64, tokens []uint32, ex *extraSourc
 	for _, t := range tokens {
 		b = binary.LittleEndian.AppendUint32(b, t)
 	}
-	n := ex.count()
-	if n == 0 {
+	if ex.count() == 0 {
 		return append(b, ctNone)
 	}
+	return appendContentExtra(b, ex)
+}
+
+// appendContentExtra appends Content's encoding of a block's extra keys,
+// which are not None: the tuple tag, the count and the tagged elements.
+func appendContentExtra(b []byte, ex *extraSource) []byte {
+	n := ex.count()
 	b = append(b, ctTuple)
 	b = binary.LittleEndian.AppendUint32(b, uint32(n))
 	if ex.explicit {

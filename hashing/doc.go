@@ -90,6 +90,12 @@
 // only the new tokens, so the next turn of a conversation or a forked
 // subagent extends a shared prefix (Clone) without rehashing it.
 //
+// A router that sees each turn as a new, whole request has no Prefix to
+// extend; a Cache remembers recent prompts' chains by content instead, and
+// Cache.BlockKeys hashes only the blocks past the longest remembered
+// leading run (at checkpoint granularity for forks), after a content pass
+// over the whole prompt that costs a fraction of SHA-256.
+//
 // # Cost
 //
 // Values are encoded straight into a pooled buffer without reflection; a

@@ -444,17 +444,8 @@ func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey,
 	plain := extra == nil && d.lora == "" && (d.salt == "" || c.pos > 0) && len(d.mm) == 0
 	for i := range len(tokens) / bs {
 		start := c.pos
-		switch {
-		case plain:
-		case extra != nil:
-			ex.explicit, ex.keys = true, extra[i]
-		default:
-			*ex = extraSource{lora: d.lora}
-			if start == 0 {
-				ex.salt = d.salt
-			}
-			s.mm = c.cur.advance(s.mm[:0], d.mm, start, start+bs)
-			ex.mm, ex.mmIdx, ex.start = d.mm, s.mm, start
+		if !plain {
+			s.mm = d.blockExtra(ex, s.mm, &c.cur, extra, i, start, bs)
 		}
 		key := h.hashBlock(s, &c.parent, tokens[i*bs:i*bs+bs], ex)
 		c.pos += bs
@@ -466,6 +457,24 @@ func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey,
 	}
 	// Drop references to the caller's data before the scratch is reused.
 	s.ex = extraSource{}
+}
+
+// blockExtra sets ex to the extra keys of block i of a walk, which starts at
+// token position start: extra[i] when extra is non-nil, else derived from d
+// with the multimodal cursor cur. It returns mm, the item-index buffer that ex
+// refers to, reused from mm.
+func (d *derived) blockExtra(ex *extraSource, mm []int, cur *mmCursor, extra [][]ExtraKey, i, start, bs int) []int {
+	if extra != nil {
+		*ex = extraSource{explicit: true, keys: extra[i]}
+		return mm
+	}
+	*ex = extraSource{lora: d.lora}
+	if start == 0 {
+		ex.salt = d.salt
+	}
+	mm = cur.advance(mm[:0], d.mm, start, start+bs)
+	ex.mm, ex.mmIdx, ex.start = d.mm, mm, start
+	return mm
 }
 
 // prepare validates req for n full blocks and returns its derived options.

@@ -22,8 +22,9 @@ func (h Holder) String() string {
 	return h.Pod + "#" + strconv.Itoa(h.Rank)
 }
 
-// Compare orders holders by pod, then rank, for slices.SortFunc: -1 when
-// h sorts before o, 0 when they are equal, +1 otherwise.
+// Compare orders holders by pod, then rank: -1 when h sorts before o, +1
+// when after, 0 when equal. Every listing of holders in the SDK and the
+// service uses this order.
 func (h Holder) Compare(o Holder) int {
 	return cmp.Or(strings.Compare(h.Pod, o.Pod), cmp.Compare(h.Rank, o.Rank))
 }

@@ -11,6 +11,21 @@ type HolderModel struct {
 	Holder Holder
 }
 
+// Models appends to dst[:0] the models the index keeps state for a holder
+// of, sorted, and returns the extended slice. It reads without locks, like
+// HolderList.
+func (ix *Index) Models(dst []string) []string {
+	dst = dst[:0]
+	ix.models.Range(func(name string, ms *modelState) bool {
+		if len(*ms.list.Load()) > 0 {
+			dst = append(dst, name)
+		}
+		return true
+	})
+	slices.Sort(dst)
+	return dst
+}
+
 // HolderList returns every (model, holder) pair the index keeps state for,
 // including holders whose blocks were all removed or cleared (RemoveHolder
 // forgets them), sorted by model, pod and rank. It is what Stats.Holders

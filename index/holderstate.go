@@ -1,6 +1,7 @@
 package index
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -382,9 +383,10 @@ func (hs *holderState) dropTiers(gone []bool) {
 
 // ancestors marks with 1 the unheld ancestors of held slots in t (gaps and
 // the chains above them), the unheld slots a rebuild or a snapshot keeps.
-// It returns the marks and their number.
-func (ts *tierState) ancestors(t *table) ([]uint32, int) {
-	marks := make([]uint32, len(t.slots))
+// It returns the marks, in marks[:0] grown and cleared, and their number.
+func (ts *tierState) ancestors(t *table, marks []uint32) ([]uint32, int) {
+	marks = slices.Grow(marks[:0], len(t.slots))[:len(t.slots)]
+	clear(marks)
 	n := 0
 	for k := range ts.gaps {
 		for j := t.find(k); j >= 0 && marks[j] == 0 && !held(t.slots[j].loadMeta()); j = parentOf(t.slots[j].loadMeta()) {
@@ -395,6 +397,18 @@ func (ts *tierState) ancestors(t *table) ([]uint32, int) {
 	return marks, n
 }
 
+// remapPool holds rehash's slot maps. Under churn a holder rebuilds its
+// table every few thousand stores; a fresh map each time was a fifth of the
+// writer's garbage, and garbage is what brings the GC cycles that slow
+// concurrent lookups. A pool rather than a per-holder buffer, which would
+// cost 4 bytes per slot of every holder.
+// Maps past maxPooledRemap slots (256 KiB) are left to the GC, so that the
+// pool does not keep a big table's map alive for a GC cycle or two after
+// its rebuild.
+var remapPool = sync.Pool{New: func() any { return new([]uint32) }}
+
+const maxPooledRemap = 1 << 16
+
 // rehash rebuilds tier ti's table with room for extra more slots, dropping
 // slots that are neither held nor an ancestor of a held slot, and publishes
 // it. Readers still on the old table see it as it was: it is not written
@@ -404,7 +418,14 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	old := ts.tab.Load()
 	// remap[i] becomes slot i's new index + 1; first it marks the unheld
 	// slots to keep with 1.
-	remap, kept := ts.ancestors(old)
+	rp := remapPool.Get().(*[]uint32)
+	remap, kept := ts.ancestors(old, *rp)
+	defer func() {
+		if cap(remap) <= maxPooledRemap {
+			*rp = remap
+			remapPool.Put(rp)
+		}
+	}()
 	kept += int(ts.live)
 	size := tableSizeFor(kept + extra)
 	if size <= len(old.slots) {

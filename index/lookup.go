@@ -26,19 +26,29 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 		prefix := 0
 		for _, ts := range tiers {
 			if n := runFrom(ts.tab.Load(), keys, 0); n > 0 {
-				tps = append(tps, TierPrefix{Tier: ts.name, Blocks: n})
+				tps = appendTier(tps, ts.name, n)
 				prefix = max(prefix, n)
 			}
 		}
 		if prefix > 0 && len(tiers) > 1 {
 			prefix = extend(tiers, nil, keys, prefix)
 		}
-		hit.Tiers = tps
+		// A reused Result mostly gets back the holders and tiers it had:
+		// skipping pointer writes that change nothing spares the write
+		// barriers they cost while the GC marks, which lookups under
+		// ingest spend a good part of their time in.
+		if cap(tps) == cap(hit.Tiers) {
+			hit.Tiers = hit.Tiers[:len(tps)]
+		} else {
+			hit.Tiers = tps
+		}
 		if prefix == 0 {
 			hits = hits[:len(hits)-1]
 			continue
 		}
-		hit.Holder = hs.h
+		if hit.Holder != hs.h {
+			hit.Holder = hs.h
+		}
 		hit.Prefix = prefix
 	}
 	res.Hits = hits
@@ -189,4 +199,19 @@ func (t *table) certified(keys []uint64, pos, j int, m uint64, g int) bool {
 		}
 	}
 	return true
+}
+
+// appendTier is append(tps, TierPrefix{tier, n}) without rewriting the
+// tier's name where the reused element already has it.
+func appendTier(tps []TierPrefix, tier string, n int) []TierPrefix {
+	if len(tps) == cap(tps) {
+		return append(tps, TierPrefix{Tier: tier, Blocks: n})
+	}
+	tps = tps[:len(tps)+1]
+	tp := &tps[len(tps)-1]
+	if tp.Tier != tier {
+		tp.Tier = tier
+	}
+	tp.Blocks = n
+	return tps
 }

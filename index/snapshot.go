@@ -145,7 +145,7 @@ func (hs *holderState) encode(e *encoder) {
 	saved := make([][]uint32, len(tiers))
 	for ti, ts := range tiers {
 		t := ts.tab.Load()
-		marks, _ := ts.ancestors(t)
+		marks, _ := ts.ancestors(t, nil)
 		// marks become saved indices + 1, for held slots too.
 		next := uint32(0)
 		for i := range marks {

@@ -101,3 +101,13 @@ func (b *bruteIndex) Lookup(model string, keys []uint64, res *index.Result) {
 		}
 	}
 }
+
+func (b *bruteIndex) Models(dst []string) []string {
+	dst = dst[:0]
+	for m, hs := range b.m {
+		if len(hs) > 0 {
+			dst = append(dst, m)
+		}
+	}
+	return dst
+}

@@ -4,15 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-)
 
-// Sample is one measurement: handling Tokens prompt tokens took Millis
-// milliseconds, recomputing them or pulling their blocks from a peer.
-// transfer.MeasurePull's samples convert field by field.
-type Sample struct {
-	Tokens int
-	Millis float64
-}
+	"github.com/kvsource/kvsource/transfer"
+)
 
 // Quadratic is a prefill cost: A + B·t + C·t² milliseconds for t tokens. The
 // quadratic term is attention over the growing context.
@@ -106,15 +100,16 @@ const DefaultMargin = 0.1
 var ErrSamples = errors.New("picker: unusable calibration samples")
 
 // Fit fits recompute samples to a Quadratic and pull samples to a Linear by
-// least squares with non-negative coefficients, and derives the crossover and
+// least squares with non-negative coefficients (reading each sample's
+// Tokens and Millis; transfer.MeasurePull's samples go in as they are), and derives the crossover and
 // a threshold with margin (0 <= margin < 1). It needs recompute samples at
 // three or more distinct lengths and pull samples at two or more.
-func Fit(recompute, pull []Sample, margin float64) (Calibration, error) {
+func Fit(recompute, pull []transfer.Sample, margin float64) (Calibration, error) {
 	if margin < 0 || margin >= 1 || math.IsNaN(margin) {
 		return Calibration{}, fmt.Errorf("%w: margin %v outside [0, 1)", ErrSamples, margin)
 	}
 	cal := Calibration{Margin: margin, MinTokens: math.MaxInt}
-	for _, set := range [][]Sample{recompute, pull} {
+	for _, set := range [][]transfer.Sample{recompute, pull} {
 		for _, s := range set {
 			if s.Tokens <= 0 || s.Millis < 0 || math.IsNaN(s.Millis) || math.IsInf(s.Millis, 0) {
 				return Calibration{}, fmt.Errorf("%w: %d tokens, %v ms", ErrSamples, s.Tokens, s.Millis)
@@ -145,7 +140,7 @@ func Fit(recompute, pull []Sample, margin float64) (Calibration, error) {
 	return cal, nil
 }
 
-func distinct(s []Sample) int {
+func distinct(s []transfer.Sample) int {
 	seen := make(map[int]struct{}, len(s))
 	for _, x := range s {
 		seen[x.Tokens] = struct{}{}
@@ -157,7 +152,7 @@ func distinct(s []Sample) int {
 // error subject to coef >= 0. With n <= 3 it tries every set of free
 // coefficients and keeps the best feasible one, which is exact. It returns
 // the coefficients and the RMSE.
-func nnls(samples []Sample, n int) (coef []float64, rmse float64) {
+func nnls(samples []transfer.Sample, n int) (coef []float64, rmse float64) {
 	best := math.Inf(1)
 	coef = make([]float64, n)
 	for mask := 1; mask < 1<<n; mask++ {
@@ -187,7 +182,7 @@ func nnls(samples []Sample, n int) (coef []float64, rmse float64) {
 	return coef, math.Sqrt(best / float64(len(samples)))
 }
 
-func sse(samples []Sample, c []float64) float64 {
+func sse(samples []transfer.Sample, c []float64) float64 {
 	var s float64
 	for _, x := range samples {
 		t := float64(x.Tokens) / 1e3
@@ -203,7 +198,7 @@ func sse(samples []Sample, c []float64) float64 {
 
 // leastSquares solves the normal equations for the powers in free, returning
 // all n coefficients (zero outside free).
-func leastSquares(samples []Sample, free []int, n int) ([]float64, bool) {
+func leastSquares(samples []transfer.Sample, free []int, n int) ([]float64, bool) {
 	k := len(free)
 	m := make([][]float64, k)
 	for i := range m {

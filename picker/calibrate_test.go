@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/transfer"
 )
 
 // gpt-oss-120b on H200, as published: single-request prefill latency of a
@@ -15,10 +17,10 @@ var (
 	gptOSSPull      = []float64{35, 57, 86, 165, 235}
 )
 
-func samples(tokens []int, ms []float64) []Sample {
-	s := make([]Sample, len(tokens))
+func samples(tokens []int, ms []float64) []transfer.Sample {
+	s := make([]transfer.Sample, len(tokens))
 	for i := range tokens {
-		s[i] = Sample{Tokens: tokens[i], Millis: ms[i]}
+		s[i] = transfer.Sample{Tokens: tokens[i], Millis: ms[i]}
 	}
 	return s
 }
@@ -75,10 +77,10 @@ func TestFitGLMCrossoverNear8K(t *testing.T) {
 	// up to 3%, alternating in sign.
 	lengths := []int{4096, 6144, 8192, 12288, 16384, 24576, 32768}
 	noise := []float64{1.02, 0.98, 1.03, 0.97, 1.01, 0.99, 1.02}
-	var rs, ps []Sample
+	var rs, ps []transfer.Sample
 	for i, n := range lengths {
-		rs = append(rs, Sample{n, rec(float64(n)) * noise[i]})
-		ps = append(ps, Sample{n, pull(float64(n)) * noise[len(noise)-1-i]})
+		rs = append(rs, transfer.Sample{Tokens: n, Millis: rec(float64(n)) * noise[i]})
+		ps = append(ps, transfer.Sample{Tokens: n, Millis: pull(float64(n)) * noise[len(noise)-1-i]})
 	}
 	cal, err := Fit(rs, ps, DefaultMargin)
 	require.NoError(t, err)
@@ -134,8 +136,8 @@ func TestCrossoverCases(t *testing.T) {
 func TestFitNeverReturnsNegativeCoefficients(t *testing.T) {
 	// Straight-line recompute data with a negative intercept, and pull data
 	// that falls with length: unconstrained fits would go negative.
-	rs := []Sample{{1000, 50}, {2000, 150}, {3000, 250}, {4000, 350}}
-	ps := []Sample{{1000, 40}, {2000, 38}, {3000, 36}}
+	rs := []transfer.Sample{{Tokens: 1000, Millis: 50}, {Tokens: 2000, Millis: 150}, {Tokens: 3000, Millis: 250}, {Tokens: 4000, Millis: 350}}
+	ps := []transfer.Sample{{Tokens: 1000, Millis: 40}, {Tokens: 2000, Millis: 38}, {Tokens: 3000, Millis: 36}}
 	cal, err := Fit(rs, ps, 0)
 	require.NoError(t, err)
 	for _, c := range []float64{cal.Recompute.A, cal.Recompute.B, cal.Recompute.C, cal.Pull.Floor, cal.Pull.PerToken} {
@@ -147,8 +149,8 @@ func TestFitNeverReturnsNegativeCoefficients(t *testing.T) {
 }
 
 func TestFitRecommendsNoPullWhenPullsNeverPay(t *testing.T) {
-	rs := []Sample{{1000, 10}, {2000, 20}, {4000, 40}}
-	ps := []Sample{{1000, 100}, {4000, 400}}
+	rs := []transfer.Sample{{Tokens: 1000, Millis: 10}, {Tokens: 2000, Millis: 20}, {Tokens: 4000, Millis: 40}}
+	ps := []transfer.Sample{{Tokens: 1000, Millis: 100}, {Tokens: 4000, Millis: 400}}
 	cal, err := Fit(rs, ps, DefaultMargin)
 	require.NoError(t, err)
 	require.True(t, math.IsInf(cal.Crossover, 1))
@@ -156,18 +158,18 @@ func TestFitRecommendsNoPullWhenPullsNeverPay(t *testing.T) {
 }
 
 func TestFitRejectsUnusableSamples(t *testing.T) {
-	good := []Sample{{1000, 10}, {2000, 20}, {4000, 45}}
-	pull := []Sample{{1000, 5}, {4000, 8}}
+	good := []transfer.Sample{{Tokens: 1000, Millis: 10}, {Tokens: 2000, Millis: 20}, {Tokens: 4000, Millis: 45}}
+	pull := []transfer.Sample{{Tokens: 1000, Millis: 5}, {Tokens: 4000, Millis: 8}}
 	cases := []struct {
 		name      string
-		rec, pull []Sample
+		rec, pull []transfer.Sample
 		margin    float64
 	}{
-		{"two recompute lengths", []Sample{{1000, 10}, {1000, 11}, {2000, 20}}, pull, 0.1},
-		{"one pull length", good, []Sample{{1000, 5}, {1000, 6}}, 0.1},
-		{"zero tokens", append([]Sample{{0, 1}}, good...), pull, 0.1},
-		{"negative time", good, append([]Sample{{500, -1}}, pull...), 0.1},
-		{"NaN time", good, append([]Sample{{500, math.NaN()}}, pull...), 0.1},
+		{"two recompute lengths", []transfer.Sample{{Tokens: 1000, Millis: 10}, {Tokens: 1000, Millis: 11}, {Tokens: 2000, Millis: 20}}, pull, 0.1},
+		{"one pull length", good, []transfer.Sample{{Tokens: 1000, Millis: 5}, {Tokens: 1000, Millis: 6}}, 0.1},
+		{"zero tokens", append([]transfer.Sample{{Tokens: 0, Millis: 1}}, good...), pull, 0.1},
+		{"negative time", good, append([]transfer.Sample{{Tokens: 500, Millis: -1}}, pull...), 0.1},
+		{"NaN time", good, append([]transfer.Sample{{Tokens: 500, Millis: math.NaN()}}, pull...), 0.1},
 		{"margin of one", good, pull, 1},
 		{"negative margin", good, pull, -0.1},
 	}

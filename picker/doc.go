@@ -21,7 +21,15 @@
 // worth nothing to it. The decision is a pull when the best gain reaches the
 // threshold (Config.MinCachedTokenDelta, in tokens; optionally also a
 // positive predicted saving from a cost Model), and otherwise one of
-// local_hit, self, no_holder or below_threshold, each defined on Reason.
+// local_hit, self, no_holder, unknown_model or below_threshold, each defined
+// on Reason. unknown_model is no_holder for a model the index knows no holder
+// of while it knows others: a misspelled model name is not silent.
+//
+// Only the CPU tier is pullable by default (Config.PullTiers), as vLLM's P2P
+// producers serve pulls from their CPU offload tier: a peer holding the
+// prefix on GPU alone scores but is not a source. A deployment whose
+// transport reads GPU memory (NIXL) sets PullTiers to
+// []string{index.TierGPU, index.TierCPU}.
 //
 // Peers whose gain is within one block of the best are equally good sources.
 // Pick draws one with weight 1/(1 + waiting + load + pulls it directed there
@@ -38,15 +46,29 @@
 // A decision carries the missing keys in prompt order, the blocks left to
 // recompute, and renders the two ways of telling a pod to pull: llm-d's
 // x-kv-cache-source-host-port header (Decision.Header) and vLLM's
-// kv_transfer_params remote_kv_source object (Decision.KVTransferParams).
+// kv_transfer_params remote_kv_source object (Decision.KVTransferParams). A
+// router that moves the blocks itself takes Decision.TransferKeys, the
+// full-digest keys a transfer.Session fetches. Decision.Done releases the
+// pull once, however many copies of the decision call it.
 //
 // # Calibration
 //
 // Whether a pull pays depends on the model and the hardware. Fit takes
-// measured recompute and pull times, fits recompute as a + b·t + c·t² and a
+// measured recompute and pull times as transfer.Samples (the type
+// transfer.MeasurePull returns), fits recompute as a + b·t + c·t² and a
 // pull as floor + d·t, and returns the crossover and a threshold with a safety
 // margin; its Model can also be set as Config.Cost to decide each request by
 // its predicted saving.
+//
+// # Prefetch
+//
+// A Prefetcher moves a session's known prefix to the pod its next request
+// will probably go to before that request arrives (an agent's tool call is
+// running), deciding by Pick's rule, counting the move against its source
+// like any pull, never moving the same prefix to the same pod twice for a
+// session, and forgetting it after a TTL. With vLLM as it is, the move is a
+// one-token completion of the prefix naming the source in
+// kv_transfer_params (Prefetch.Warmup).
 //
 // A steady-state Pick allocates only the decision's missing keys; Score with
 // a reused destination slice allocates nothing.

@@ -1,11 +1,15 @@
 package picker
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
+	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/transfer"
 )
 
 // Reason explains a Decision.
@@ -17,6 +21,12 @@ const (
 	// allowed holder can serve block 0 from a pullable tier, or the prompt
 	// has no full block. Everything is computed.
 	ReasonNoHolder Reason = "no_holder"
+	// ReasonUnknownModel is ReasonNoHolder for a model the index knows no
+	// holder of while it knows holders of other models: most likely a
+	// misspelled model name, or one whose engines publish no events.
+	// Everything is computed. An index that holds nothing yet (a cold
+	// start) cannot tell and answers ReasonNoHolder.
+	ReasonUnknownModel Reason = "unknown_model"
 	// ReasonLocalHit: the destination holds every full block of the prompt
 	// in some tier. Nothing is missing.
 	ReasonLocalHit Reason = "local_hit"
@@ -58,7 +68,9 @@ type Decision struct {
 	// Blocks - Cached - Gain. The prompt's trailing partial block is always
 	// computed and not counted.
 	Recompute int
-	// Missing are the keys to pull, in prompt order: keys[Cached:Cached+Gain].
+	// Missing are the event keys of the blocks to pull, in prompt order:
+	// keys[Cached:Cached+Gain]. TransferKeys turns them into the keys a
+	// transfer.Session takes.
 	Missing []uint64
 	// BlockSize is the number of tokens per block.
 	BlockSize int
@@ -67,19 +79,59 @@ type Decision struct {
 	SavingMillis float64
 
 	p2pPort int
-	load    *holderLoad
-	epoch   uint64
+	pull    pull
+}
+
+// pull is a pull decision's claim on its source's in-flight count. Copies of
+// the Decision copy load and epoch but share the flag released points to,
+// so that the claim is released once however many copies are marked done.
+// The flag is the word past the end of Missing, so that a pull costs the
+// one allocation it always did.
+type pull struct {
+	load     *holderLoad
+	epoch    uint64
+	released *uint64
 }
 
 // Done tells the picker the pull has finished (or failed), so its source no
 // longer counts it as in flight. Pulls never marked done expire after the
-// picker's InflightTTL. Done on a decision without a pull does nothing; call
-// it once per decision.
+// picker's InflightTTL. Done on a decision without a pull does nothing. A
+// pull is released once: Done again, on the decision or on any copy of it,
+// does nothing, so a caller that keeps a copy (say, by request id) and
+// also defers Done on the original cannot release a pull that is still in
+// flight.
 func (d *Decision) Done() {
-	if d.load != nil {
-		d.load.release(d.epoch)
-		d.load = nil
+	if d.pull.load != nil && atomic.CompareAndSwapUint64(d.pull.released, 0, 1) {
+		d.pull.load.release(d.pull.epoch)
 	}
+}
+
+// TransferKeys returns the keys a transfer.Session looks up and fetches for
+// the pull, in prompt order: the full digests of blocks[Cached:Cached+Gain]
+// in KV-cache group g (0 for a model with one KV-cache group). blocks are
+// the prompt's blocks as hashing.Hasher.Blocks returns them. A vLLM peer
+// names a block by its full digest, of which Missing holds only the 64-bit
+// event form, so the keys come from the blocks. TransferKeys returns nil
+// when nothing is pulled, and an error wrapping ErrBlocks when blocks are
+// not the prompt's the decision was made for (fewer than Cached+Gain, or a
+// block whose key is not the decision's). An offload tier that stores
+// several blocks per chunk names chunks instead: see transfer.OffloadKeys.
+func (d *Decision) TransferKeys(blocks []hashing.Block, g uint32) ([]transfer.Key, error) {
+	if d.Reason != ReasonPull {
+		return nil, nil
+	}
+	end := d.Cached + d.Gain
+	if len(blocks) < end {
+		return nil, fmt.Errorf("%w: %d blocks, the pull needs %d", ErrBlocks, len(blocks), end)
+	}
+	keys := make([]transfer.Key, d.Gain)
+	for i, b := range blocks[d.Cached:end] {
+		if b.Key != d.Missing[i] {
+			return nil, fmt.Errorf("%w: block %d has key %d, the decision's is %d", ErrBlocks, d.Cached+i, b.Key, d.Missing[i])
+		}
+		keys[i] = transfer.NewKey(b.Digest.Bytes(), g)
+	}
+	return keys, nil
 }
 
 // Header returns llm-d's source header for the decision: its name and the
@@ -260,7 +312,7 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	if d.Best == 0 {
 		d.Reason = ReasonSelf
 		if l == 0 {
-			d.Reason = ReasonNoHolder
+			d.Reason = p.noHolder(req.Model, len(s.hold) == 0, s)
 		}
 		return d, nil
 	}
@@ -291,7 +343,7 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	}
 	// A fixed order makes the draw depend on the request alone, not on the
 	// order the index lists holders in.
-	slices.SortFunc(band, func(a, b cand) int { return compareHolders(a.h, b.h) })
+	slices.SortFunc(band, func(a, b cand) int { return a.h.Compare(b.h) })
 	now := p.epoch()
 	var total float64
 	n := 0
@@ -328,12 +380,14 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 		chosen.slot = p.inflight.getOrCreate(chosen.h)
 	}
 	chosen.slot.add(now)
-	d.load, d.epoch = chosen.slot, now
 	d.Reason = ReasonPull
 	d.Source = chosen.h
 	d.Gain = chosen.gain
 	d.Recompute -= chosen.gain
 	d.SavingMillis = chosen.saving
-	d.Missing = slices.Clone(keys[l : l+chosen.gain])
+	buf := make([]uint64, chosen.gain+1)
+	copy(buf, keys[l:l+chosen.gain])
+	d.Missing = buf[:chosen.gain:chosen.gain]
+	d.pull = pull{load: chosen.slot, epoch: now, released: &buf[chosen.gain]}
 	return d, nil
 }

@@ -26,6 +26,10 @@ type Index interface {
 	Run(model string, h index.Holder, keys []uint64, start int, tiers []string) int
 	// Holders appends to dst[:0] every holder of key, in any tier.
 	Holders(model string, key uint64, dst []index.Holder) []index.Holder
+	// Models appends to dst[:0] the models the index knows holders of.
+	// The picker calls it only for a prompt no holder has a block of, to
+	// tell an unknown model from a cold prompt.
+	Models(dst []string) []string
 }
 
 // Errors callers may branch on.
@@ -39,6 +43,13 @@ var (
 	ErrNoDestination = errors.New("picker: no destination")
 	// ErrHash reports a prompt the hasher rejected.
 	ErrHash = errors.New("picker: hashing the prompt")
+	// ErrUnknownModel reports a Score for a model the index knows no
+	// holder of while it knows holders of other models; Pick answers such
+	// a request with ReasonUnknownModel.
+	ErrUnknownModel = errors.New("picker: unknown model")
+	// ErrBlocks reports blocks given to Decision.TransferKeys that are not
+	// the prompt's the decision was made for.
+	ErrBlocks = errors.New("picker: blocks do not match the decision")
 )
 
 // Defaults of Config.
@@ -68,7 +79,10 @@ type Config struct {
 	// A tier without a weight counts as the lowest weight given.
 	Weights map[string]float64
 	// PullTiers are the tiers a source can serve a pull from. Default: CPU
-	// only, since vLLM producers serve P2P pulls from the CPU offload tier.
+	// only (index.TierCPU), since vLLM producers serve P2P pulls from the
+	// CPU offload tier: a holder with a prefix on GPU alone is no source.
+	// A transport that reads GPU memory directly (NIXL) sets
+	// []string{index.TierGPU, index.TierCPU}.
 	PullTiers []string
 	// MinCachedTokenDelta is the smallest gain, in tokens, worth a pull.
 	// Default DefaultMinCachedTokenDelta, llm-d's default: any full block.
@@ -156,10 +170,11 @@ type tierWeight struct {
 // scratch is the per-call working memory, pooled so that a steady-state
 // call allocates only the decision's missing keys.
 type scratch struct {
-	keys  []uint64
-	res   index.Result
-	hold  []index.Holder
-	cands []cand
+	keys   []uint64
+	models []string
+	res    index.Result
+	hold   []index.Holder
+	cands  []cand
 }
 
 type cand struct {
@@ -246,6 +261,23 @@ func (p *Picker) keys(req *Request, s *scratch) ([]uint64, error) {
 	return s.keys, nil
 }
 
+// noHolder is the reason for a prompt no allowed holder has a block of:
+// ReasonUnknownModel when no holder has any block of the prompt's first
+// one (none) and the index knows holders of other models but not of model.
+func (p *Picker) noHolder(model string, none bool, s *scratch) Reason {
+	if none && p.unknownModel(model, s) {
+		return ReasonUnknownModel
+	}
+	return ReasonNoHolder
+}
+
+// unknownModel reports whether the index knows holders of other models but
+// none of model.
+func (p *Picker) unknownModel(model string, s *scratch) bool {
+	s.models = p.idx.Models(s.models)
+	return len(s.models) > 0 && !slices.Contains(s.models, model)
+}
+
 func (p *Picker) getScratch() *scratch { return p.scratchPool.Get().(*scratch) }
 
 func (p *Picker) putScratch(s *scratch) {
@@ -287,11 +319,4 @@ func splitmix64(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
-}
-
-func compareHolders(a, b index.Holder) int {
-	if c := strings.Compare(a.Pod, b.Pod); c != 0 {
-		return c
-	}
-	return a.Rank - b.Rank
 }

@@ -2,6 +2,7 @@ package picker
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/kvsource/kvsource/index"
@@ -36,7 +37,9 @@ func (s *Score) Tier(t string) int {
 // of req's prompt, or of every candidate when req has candidates (with zero
 // scores for those holding nothing), best first: by score, then blocks, then
 // holder. It reads req's Model, Keys or Prompt, and Candidates. Reusing dst
-// across calls reuses its Tiers slices too.
+// across calls reuses its Tiers slices too. A prompt no holder has a block
+// of, under a model the index knows no holder of while it knows others,
+// fails with ErrUnknownModel.
 func (p *Picker) Score(req Request, dst []Score) ([]Score, error) {
 	dst = dst[:0]
 	s := p.getScratch()
@@ -47,6 +50,9 @@ func (p *Picker) Score(req Request, dst []Score) ([]Score, error) {
 	}
 	if len(keys) > 0 {
 		p.idx.Lookup(req.Model, keys, &s.res)
+		if len(s.res.Hits) == 0 && p.unknownModel(req.Model, s) {
+			return dst, fmt.Errorf("%w %q", ErrUnknownModel, req.Model)
+		}
 	} else {
 		s.res.Hits = s.res.Hits[:0]
 	}
@@ -70,7 +76,7 @@ func (p *Picker) Score(req Request, dst []Score) ([]Score, error) {
 		if c := cmp.Compare(b.Blocks, a.Blocks); c != 0 {
 			return c
 		}
-		return compareHolders(a.Holder, b.Holder)
+		return a.Holder.Compare(b.Holder)
 	})
 	return dst, nil
 }

@@ -40,13 +40,16 @@ func Prefix(hits []bool) int {
 	return len(hits)
 }
 
-// Sample is one timed pull, in the shape the picker's calibration takes:
-// pulling Tokens tokens (Blocks keys) took Millis milliseconds, lookup and
-// fetch included.
+// Sample is one measurement of how long a prompt's prefix took: handling
+// Tokens tokens took Millis milliseconds. It is the one measurement type of
+// the SDK: MeasurePull returns pulls as Samples (Blocks is then the number
+// of keys pulled, lookup and fetch included in Millis), a caller times
+// recomputes as Samples (Blocks optional), picker.Fit fits both, and
+// kvsource serve's --calibration file holds them as JSON.
 type Sample struct {
-	Tokens int
-	Blocks int
-	Millis float64
+	Tokens int     `json:"tokens"`
+	Blocks int     `json:"blocks,omitempty"`
+	Millis float64 `json:"ms"`
 }
 
 // PullPlan configures MeasurePull.

@@ -40,9 +40,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvsource <command> [flags]")
 	fmt.Fprintln(w, "commands:")
-	for _, name := range []string{"hash", "serve"} {
+	for _, name := range []string{"hash", "serve", "calibrate"} {
 		if c, ok := commands[name]; ok {
-			fmt.Fprintf(w, "  %-6s %s\n", name, c.summary)
+			fmt.Fprintf(w, "  %-9s %s\n", name, c.summary)
 		}
 	}
 }

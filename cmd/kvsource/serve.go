@@ -34,8 +34,11 @@ import (
 //	                 "hash_mismatches", "tokenless_events", "state", "inflight_pulls"}]}
 //	GET  /metrics   Prometheus; GET /healthz
 //
-// A candidate without "dp_rank" stands for every rank of its pod. Bad
-// requests get 400 with {"error"}. SIGINT or SIGTERM shuts down gracefully,
+// A candidate without "dp_rank" stands for every rank of its pod. Errors
+// are {"error"}: 400 for a bad request, 405 for another method, 404 for an
+// unknown path and for /v1/score of a model the index knows no holder of
+// while it knows others, which /v1/pick answers with reason
+// "unknown_model". SIGINT or SIGTERM shuts down gracefully,
 // saving the --snapshot file, which start-up loads. A holder loaded from the
 // snapshot is listed "stale" in /v1/pods, with its saved last_seq, until its
 // pod publishes again; if it never does, each shutdown saves it again with

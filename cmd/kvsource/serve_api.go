@@ -108,12 +108,16 @@ type serveBadRequest struct{ err error }
 func (b serveBadRequest) Error() string { return b.err.Error() }
 func (b serveBadRequest) Unwrap() error { return b.err }
 
+// serveNotFound is an error naming something the service does not know,
+// such as a model no engine has published events for.
+type serveNotFound struct{ err error }
+
+func (n serveNotFound) Error() string { return n.err.Error() }
+func (n serveNotFound) Unwrap() error { return n.err }
+
 // serveDecodeJSON decodes a POST body, which instrument bounds to
 // serveMaxBody.
 func serveDecodeJSON(r *http.Request, v any) error {
-	if r.Method != http.MethodPost {
-		return serveBadRequest{fmt.Errorf("method %s not allowed, use POST", r.Method)}
-	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

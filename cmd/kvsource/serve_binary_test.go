@@ -21,6 +21,7 @@ import (
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 // serveBinary is a running kvsource serve process.
@@ -119,7 +120,7 @@ func (b *serveBinary) stop(t *testing.T) {
 
 func TestServeBinaryServesEventsAndStopsOnSIGTERM(t *testing.T) {
 	bin := buildServeBinary(t)
-	bindPort := serveFreePort(t)
+	bindPort := testenv.FreePort(t)
 	const pod, model = "10.0.0.7:8000", "m"
 
 	h, err := hashing.New(hashing.Config{})
@@ -174,7 +175,7 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 	bin := buildServeBinary(t)
 	dir := t.TempDir()
 	snapshot := filepath.Join(dir, "index.snap")
-	bindPort, replayPort := serveFreePort(t), serveFreePort(t)
+	bindPort, replayPort := testenv.FreePort(t), testenv.FreePort(t)
 	const pod, model = "10.0.0.7:8000", "m"
 	args := []string{"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
 		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort), "--snapshot", snapshot}

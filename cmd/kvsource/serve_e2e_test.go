@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"slices"
@@ -18,9 +17,8 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
-
-const servePython = "/usr/bin/python3"
 
 // serveHoldings is the reference model of the end-to-end test: which
 // blocks (by position in the prompt) each holder holds in each tier.
@@ -82,8 +80,8 @@ func (p pyPublisher) start(t *testing.T, ctx context.Context) *exec.Cmd {
 		require.NoError(t, err)
 		in.Write(append(line, '\n'))
 	}
-	script := serveRepoRoot(t) + "/../shared/interop/vllm_publisher.py"
-	cmd := exec.CommandContext(ctx, servePython, append([]string{script}, p.args...)...)
+	script := testenv.Shared(t, "interop", "vllm_publisher.py")
+	cmd := exec.CommandContext(ctx, testenv.PythonPath, append([]string{script}, p.args...)...)
 	cmd.Stdin = &in
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -109,25 +107,8 @@ func pyStoredEvent(keys []uint64, tokens []uint32, from, to int, tier, lora stri
 		"token_ids": tokens[from*16 : to*16], "block_size": 16, "medium": tier, "lora_name": lora}
 }
 
-// serveFreePortPair returns two consecutive free ports, for a pod whose rank
-// r replays on its rank-0 port plus r.
-func serveFreePortPair(t *testing.T) (int, int) {
-	t.Helper()
-	for range 100 {
-		p := serveFreePort(t)
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
-			l.Close()
-			return p, p + 1
-		}
-	}
-	t.Fatal("no two consecutive free ports")
-	return 0, 0
-}
-
 func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
-	if err := exec.Command(servePython, "-c", "import zmq, msgpack").Run(); err != nil {
-		t.Skipf("%s lacks python3-zmq or python3-msgpack (%v)", servePython, err)
-	}
+	testenv.Python(t)
 	const model, lora = "org/llama-3@v1", "sql-adapter"
 	h, err := hashing.New(hashing.Config{})
 	require.NoError(t, err)
@@ -158,8 +139,8 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	// Every publisher has a replay endpoint, so that a first batch sent
 	// before the service's subscription arrived is fetched, not lost. Pod
 	// C's rank 1 replays on its rank-0 port plus one.
-	portA, replayA, portB, replayB, bindPort := serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t), serveFreePort(t)
-	replayC0, replayC := serveFreePortPair(t)
+	portA, replayA, portB, replayB, bindPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
+	replayC0, replayC := testenv.FreePortPair(t)
 	_, base := startServe(t,
 		"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
 		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", podC.Pod, replayC0),

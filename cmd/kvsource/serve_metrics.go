@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/index"
@@ -19,7 +20,7 @@ func (s *serveService) initMetrics() {
 		Name: "kvsource_pick_pulled_blocks_total", Help: "Blocks that pick decisions told destinations to pull.",
 	})
 	s.reg.MustRegister(s.requests, s.decisions, s.pulled, &serveStatsCollector{s: s},
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }
 
 // serveStatsCollector exports the subscriber's and the index's counters as they

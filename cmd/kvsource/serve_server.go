@@ -14,7 +14,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
+	"github.com/kvsource/kvsource/transfer"
 )
 
 // serveService is kvsource serve: a subscriber feeding an index, a picker reading
@@ -122,19 +122,19 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	}
 	s.initMetrics()
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/score", s.instrument("/v1/score", s.handleScore))
-	mux.HandleFunc("/v1/pick", s.instrument("/v1/pick", s.handlePick))
-	mux.HandleFunc("/v1/done", s.instrument("/v1/done", s.handleDone))
-	mux.HandleFunc("/v1/pods", s.instrument("/v1/pods", s.handlePods))
-	mux.HandleFunc("/healthz", s.instrument("/healthz", func(w http.ResponseWriter, _ *http.Request) error {
+	mux.HandleFunc("POST /v1/score", s.instrument("/v1/score", s.handleScore))
+	mux.HandleFunc("POST /v1/pick", s.instrument("/v1/pick", s.handlePick))
+	mux.HandleFunc("POST /v1/done", s.instrument("/v1/done", s.handleDone))
+	mux.HandleFunc("GET /v1/pods", s.instrument("/v1/pods", s.handlePods))
+	mux.HandleFunc("GET /healthz", s.instrument("/healthz", func(w http.ResponseWriter, _ *http.Request) error {
 		serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return nil
 	}))
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	// Without these a client that stalls mid-body, never reads its answer or
 	// keeps idle connections open holds a connection and its goroutine
 	// forever.
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
+	s.http = &http.Server{Handler: s.muxErrors(mux), ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
 		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, IdleTimeout: cfg.IdleTimeout}
 	return s, nil
 }
@@ -159,14 +159,9 @@ func serveLoadSnapshot(path string, log *slog.Logger) (*index.Index, map[index.H
 	return idx, seqs, nil
 }
 
-type serveSampleJSON struct {
-	Tokens int     `json:"tokens"`
-	Millis float64 `json:"ms"`
-}
-
 type serveCalibrationJSON struct {
-	Recompute []serveSampleJSON `json:"recompute"`
-	Pull      []serveSampleJSON `json:"pull"`
+	Recompute []transfer.Sample `json:"recompute"`
+	Pull      []transfer.Sample `json:"pull"`
 	Margin    *float64          `json:"margin"`
 }
 
@@ -182,18 +177,11 @@ func serveLoadCalibration(path string) (picker.Calibration, error) {
 	if err := dec.Decode(&c); err != nil {
 		return picker.Calibration{}, fmt.Errorf("--calibration %s: %w", path, err)
 	}
-	samples := func(in []serveSampleJSON) []picker.Sample {
-		out := make([]picker.Sample, len(in))
-		for i, x := range in {
-			out[i] = picker.Sample{Tokens: x.Tokens, Millis: x.Millis}
-		}
-		return out
-	}
 	margin := picker.DefaultMargin
 	if c.Margin != nil {
 		margin = *c.Margin
 	}
-	cal, err := picker.Fit(samples(c.Recompute), samples(c.Pull), margin)
+	cal, err := picker.Fit(c.Recompute, c.Pull, margin)
 	if err != nil {
 		return picker.Calibration{}, fmt.Errorf("--calibration %s: %w", path, err)
 	}
@@ -345,16 +333,67 @@ func (s *serveService) instrument(path string, h func(http.ResponseWriter, *http
 		if err := h(rec, r); err != nil {
 			code := http.StatusInternalServerError
 			var br serveBadRequest
-			if errors.As(err, &br) {
+			var nf serveNotFound
+			switch {
+			case errors.As(err, &br):
 				code = http.StatusBadRequest
 				s.log.Info("kvsource serve: bad request", "path", path, "remote", r.RemoteAddr, "err", err)
-			} else {
+			case errors.As(err, &nf):
+				code = http.StatusNotFound
+				s.log.Info("kvsource serve: not found", "path", path, "remote", r.RemoteAddr, "err", err)
+			default:
 				s.log.Error("kvsource serve: request failed", "path", path, "remote", r.RemoteAddr, "err", err)
 			}
 			serveWriteJSON(rec, code, serveErrorJSON{Error: err.Error()})
 		}
 		s.requests.WithLabelValues(path, strconv.Itoa(rec.code)).Inc()
 	}
+}
+
+// muxErrors answers what mux answers itself (a known path under another
+// method: 405 with an Allow header; an unknown path: 404) as JSON errors like
+// every other, and counts the 405s by path.
+func (s *serveService) muxErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		ew := &serveMuxErrorWriter{ResponseWriter: w, r: r}
+		mux.ServeHTTP(ew, r)
+		if ew.code == http.StatusMethodNotAllowed {
+			s.requests.WithLabelValues(r.URL.Path, strconv.Itoa(ew.code)).Inc()
+		}
+	})
+}
+
+// serveMuxErrorWriter replaces the plain-text body of the mux's own error
+// answers with a serveErrorJSON.
+type serveMuxErrorWriter struct {
+	http.ResponseWriter
+	r    *http.Request
+	code int
+}
+
+func (w *serveMuxErrorWriter) WriteHeader(code int) {
+	w.code = code
+	msg := http.StatusText(code)
+	switch code {
+	case http.StatusMethodNotAllowed:
+		msg = fmt.Sprintf("method %s not allowed, use %s", w.r.Method, w.Header().Get("Allow"))
+	case http.StatusNotFound:
+		msg = fmt.Sprintf("no endpoint %s", w.r.URL.Path)
+	}
+	w.Header().Del("X-Content-Type-Options")
+	serveWriteJSON(w.ResponseWriter, code, serveErrorJSON{Error: msg})
+}
+
+// Write drops the mux's plain-text body: WriteHeader wrote the JSON one.
+func (w *serveMuxErrorWriter) Write(p []byte) (int, error) {
+	if w.code == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	return len(p), nil
 }
 
 type serveStatusRecorder struct {
@@ -438,11 +477,8 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	s.decisions.WithLabelValues(string(d.Reason)).Inc()
 	s.pulled.Add(float64(d.Gain))
 	if d.Reason == picker.ReasonPull && req.RequestID != "" {
-		// Kept only for Done: without its missing keys, a pull held for the
-		// in-flight TTL costs a few words rather than 8 bytes per block.
-		kept := d
-		kept.Missing = nil
-		if old, loaded := s.pulls.LoadAndStore(req.RequestID, &serveInflightPull{d: kept, at: time.Now()}); loaded {
+		// Kept for Done. The copy and d release the same pull, once.
+		if old, loaded := s.pulls.LoadAndStore(req.RequestID, &serveInflightPull{d: d, at: time.Now()}); loaded {
 			old.d.Done()
 		}
 	}
@@ -587,8 +623,11 @@ func serveNewKVRequestID() string {
 }
 
 func servePickerError(err error) error {
-	if errors.Is(err, picker.ErrHash) || errors.Is(err, picker.ErrNoDestination) {
+	switch {
+	case errors.Is(err, picker.ErrHash) || errors.Is(err, picker.ErrNoDestination):
 		return serveBadRequest{err}
+	case errors.Is(err, picker.ErrUnknownModel):
+		return serveNotFound{err}
 	}
 	return err
 }
@@ -613,9 +652,6 @@ type servePodJSON struct {
 // snapshot brought in whose pod has not published since, as stale with the
 // sequence number it was loaded with.
 func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error {
-	if r.Method != http.MethodGet {
-		return serveBadRequest{fmt.Errorf("method %s not allowed, use GET", r.Method)}
-	}
 	list := s.idx.HolderList()
 	status := s.sub.Status()
 	pods := []servePodJSON{}
@@ -630,10 +666,7 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 			InflightPulls: s.pk.Inflight(hm.Holder)})
 	}
 	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
-		if c := strings.Compare(a.Pod, b.Pod); c != 0 {
-			return c
-		}
-		return a.DPRank - b.DPRank
+		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})
 	})
 	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods})
 	return nil

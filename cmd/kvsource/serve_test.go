@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,29 +20,6 @@ import (
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
 )
-
-// serveRepoRoot returns the directory holding go.mod, above the test's.
-func serveRepoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		require.NotEqual(t, parent, dir, "no go.mod above the test directory")
-		dir = parent
-	}
-}
-
-func serveFreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // startServe runs the service in-process on 127.0.0.1:0 until the test ends
 // and returns it with its base URL.
@@ -233,8 +209,6 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		{"negative destination rank", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","destination_dp_rank":-2}`, "must not be negative"},
 		{"body over the size limit", "POST", "/v1/score", strings.Repeat(" ", serveMaxBody) + `{"model":"m","tokens":[1]}`, "too large"},
 		{"bad multimodal item", "POST", "/v1/score", `{"model":"m","tokens":[1,2,3],"mm_items":[{"id":"img","offset":-4,"length":2}]}`, "hashing"},
-		{"GET on pick", "GET", "/v1/pick", nil, "use POST"},
-		{"POST on pods", "POST", "/v1/pods", `{}`, "use GET"},
 		{"done without request id", "POST", "/v1/done", `{}`, `"request_id" is required`},
 	}
 	for _, tc := range cases {
@@ -247,10 +221,45 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		})
 	}
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
-	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 9`)
+	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 8`)
 	code, body := serveCall(t, "GET", base+"/healthz", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"status":"ok"}`, string(body))
+}
+
+func TestServeAnswersOtherMethodsAndPathsWithJSONErrorsFromTheMux(t *testing.T) {
+	_, base := startServe(t)
+	cases := []struct {
+		name, method, path string
+		body               any
+		code               int
+		allow, want        string
+	}{
+		{"GET on pick", "GET", "/v1/pick", nil, http.StatusMethodNotAllowed, "POST", "method GET not allowed, use POST"},
+		{"POST on pods", "POST", "/v1/pods", `{}`, http.StatusMethodNotAllowed, "GET, HEAD", "method POST not allowed, use GET, HEAD"},
+		{"DELETE on done", "DELETE", "/v1/done", nil, http.StatusMethodNotAllowed, "POST", "use POST"},
+		{"unknown path", "GET", "/v1/nope", nil, http.StatusNotFound, "", "no endpoint /v1/nope"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, base+tc.path, nil)
+			if s, ok := tc.body.(string); ok {
+				req, err = http.NewRequest(tc.method, base+tc.path, strings.NewReader(s))
+			}
+			require.NoError(t, err)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, tc.code, resp.StatusCode)
+			require.Equal(t, tc.allow, resp.Header.Get("Allow"))
+			require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			var e serveErrorJSON
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+			require.Contains(t, e.Error, tc.want)
+		})
+	}
+	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="405",path="/v1/pick"} 1`)
 }
 
 func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
@@ -398,4 +407,38 @@ func TestServeGivesEveryPullItsOwnKVRequestID(t *testing.T) {
 	require.NotEqual(t, first, second, "requests without a request_id must not share a pull session")
 	req["request_id"] = "req-7"
 	require.Equal(t, "req-7", pick(req))
+}
+
+func TestServeTellsAnUnknownModelFromNoHolder(t *testing.T) {
+	s, base := startServe(t)
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 4*16)
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys[2:]})
+
+	pick := func(model string) servePickResponse {
+		code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": model, "tokens": tokens, "destination": "10.0.0.1:8000"})
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		var resp servePickResponse
+		require.NoError(t, json.Unmarshal(body, &resp))
+		return resp
+	}
+	require.Equal(t, picker.ReasonNoHolder, pick("m").Reason, "a known model whose block 0 nobody holds")
+	unknown := pick("M")
+	require.Equal(t, picker.ReasonUnknownModel, unknown.Reason)
+	require.Equal(t, 4, unknown.RecomputeBlocks)
+
+	code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": "M", "tokens": tokens})
+	require.Equal(t, http.StatusNotFound, code, "%s", body)
+	var e serveErrorJSON
+	require.NoError(t, json.Unmarshal(body, &e))
+	require.Contains(t, e.Error, `unknown model "M"`)
+	code, body = serveCall(t, "POST", base+"/v1/score", map[string]any{"model": "m", "tokens": tokens})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+
+	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+	require.Contains(t, string(metrics), `kvsource_pick_decisions_total{reason="unknown_model"} 1`)
+	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="404",path="/v1/score"} 1`)
 }

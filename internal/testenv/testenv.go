@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 )
@@ -66,6 +67,22 @@ func Python(t testing.TB) string {
 		t.Skipf("%s%v", msg, err)
 	}
 	return PythonPath
+}
+
+// FreePortPair returns two consecutive TCP ports on 127.0.0.1 that were
+// free a moment ago, for a pod whose data-parallel rank r listens on its
+// rank-0 port plus r.
+func FreePortPair(t testing.TB) (int, int) {
+	t.Helper()
+	for range 100 {
+		p := FreePort(t)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
+			l.Close()
+			return p, p + 1
+		}
+	}
+	t.Fatal("testenv: no two consecutive free ports")
+	return 0, 0
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

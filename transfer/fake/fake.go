@@ -2,7 +2,6 @@ package fake
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -199,5 +198,3 @@ func (c *Client) Connect(ctx context.Context, peer string) (transfer.Session, er
 	n.c.connects.Add(1)
 	return &session{c: c, p: p, pins: newKeySet(), done: make(chan struct{})}, nil
 }
-
-var errSessionLost = errors.New("session lost")

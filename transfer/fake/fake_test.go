@@ -509,16 +509,29 @@ func TestConcurrentSessionsAgreeWithASerialModel(t *testing.T) {
 	require.Equal(t, uint64(peers*4*perPeer), n.Stats().Blocks)
 }
 
+// waitingContext closes waiting when a call first asks for its Done
+// channel: the call has begun to wait on it.
+type waitingContext struct {
+	context.Context
+	once    sync.Once
+	waiting chan struct{}
+}
+
+func (c *waitingContext) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.waiting) })
+	return c.Context.Done()
+}
+
 func TestCloseWakesACallWaitingOnAStalledPeer(t *testing.T) {
 	_, p, _, s := setup(t, fake.Config{}, 1)
 	p.SetFaults(fake.Faults{Stall: true})
 	done := make(chan error, 1)
+	ctx := &waitingContext{Context: context.Background(), waiting: make(chan struct{})}
 	go func() {
-		_, err := s.Lookup(context.Background(), keys(1, 0))
+		_, err := s.Lookup(ctx, keys(1, 0))
 		done <- err
 	}()
-	// The lookup may start before or after Close; either way it ends.
-	time.Sleep(10 * time.Millisecond)
+	<-ctx.waiting // the stalled lookup waits on its context and on Close
 	require.NoError(t, s.Close())
 	select {
 	case err := <-done:

@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -207,6 +208,27 @@ func (r *rawPeer) dial(addr string) {
 	require.NoError(r.t, r.dealer.Connect("tcp://"+addr))
 }
 
+// watchDisconnect returns a channel closed when the dealer's connection is
+// dropped by the other side.
+func (r *rawPeer) watchDisconnect() <-chan struct{} {
+	r.t.Helper()
+	addr := fmt.Sprintf("inproc://monitor-%p", r)
+	require.NoError(r.t, r.dealer.Monitor(addr, zmq.EVENT_DISCONNECTED))
+	mon, err := r.zctx.NewSocket(zmq.PAIR)
+	require.NoError(r.t, err)
+	require.NoError(r.t, mon.SetLinger(0))
+	require.NoError(r.t, mon.SetRcvtimeo(10*time.Second))
+	require.NoError(r.t, mon.Connect(addr))
+	done := make(chan struct{})
+	go func() {
+		defer mon.Close()
+		if ev, _, _, err := mon.RecvEvent(0); err == nil && ev == zmq.EVENT_DISCONNECTED {
+			close(done)
+		}
+	}()
+	return done
+}
+
 func (r *rawPeer) send(m message) {
 	r.t.Helper()
 	b, err := m.encode()
@@ -248,10 +270,4 @@ func (r *rawPeer) expect(typ string) message {
 	require.True(r.t, ok, "no %s", typ)
 	require.Equal(r.t, typ, m.Type)
 	return m
-}
-
-func (r *rawPeer) expectSilence(d time.Duration) {
-	r.t.Helper()
-	_, m, ok := r.recv(d)
-	require.False(r.t, ok, "unexpected %+v", m)
 }

@@ -351,7 +351,8 @@ func TestProducerHandshakeQueuesRepliesUntilAcknowledged(t *testing.T) {
 	require.Equal(t, p.ID(), peer.expect(TypeConnectAck).PeerID)
 
 	peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0), testKey(9), testKey(1)}, RoundSeq: 4})
-	peer.expectSilence(200 * time.Millisecond)
+	require.Eventually(t, func() bool { return p.Stats().Lookups == 1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, 1, queuedReplies(p, peer.id), "the answered lookup's reply waits for the acknowledgement")
 	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
 	resp := peer.expect(TypeLookupResp)
 	require.Equal(t, "r", resp.KVRequestID)
@@ -362,6 +363,19 @@ func TestProducerHandshakeQueuesRepliesUntilAcknowledged(t *testing.T) {
 	require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: true, RoundSeq: 4}, done)
 	require.Equal(t, strings.Repeat("b", testBlockLen), string(mem[7*testBlockLen:8*testBlockLen]))
 	require.Equal(t, strings.Repeat("a", testBlockLen), string(mem[2*testBlockLen:3*testBlockLen]))
+}
+
+// queuedReplies returns how many replies p holds back for consumer id.
+func queuedReplies(p *Producer, id string) int {
+	p.mu.Lock()
+	s := p.sessions[id]
+	p.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue)
 }
 
 func handshakeRaw(t *testing.T, p *Producer, mod func(*message)) (*rawPeer, []byte) {
@@ -575,13 +589,16 @@ func TestOversizedFramesAreDroppedBeforeDecoding(t *testing.T) {
 	p, _ := newTestProducer(t, 1)
 	big := newRawPeer(t, "127.0.0.1")
 	big.dial(p.ID())
+	disconnected := big.watchDisconnect()
 	big.sendRaw(make([]byte, maxMessageSize+1))
+	// The producer's socket refuses the frame by dropping the connection,
+	// before anything is decoded; unbounded, it would decode the frame
+	// and keep the connection.
+	receive(t, disconnected)
 	small := newRawPeer(t, "127.0.0.1")
 	small.dial(p.ID())
 	small.sendRaw([]byte("junk"))
 	require.Eventually(t, func() bool { return p.Stats().Malformed == 1 }, 5*time.Second, 10*time.Millisecond)
-	// Unbounded, the big frame arrives over loopback well within this.
-	time.Sleep(500 * time.Millisecond)
 	require.Equal(t, uint64(1), p.Stats().Malformed, "the oversized frame never reached the decoder")
 }
 

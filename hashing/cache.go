@@ -1,0 +1,431 @@
+package hashing
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zeebo/xxh3"
+)
+
+// DefaultCacheBytes is the default bound of a Cache: about 2,000 remembered
+// 32,768-token prompts (a remembered 2,048-block prompt costs about 30 KiB).
+const DefaultCacheBytes = 64 << 20
+
+// CacheConfig configures a Cache.
+type CacheConfig struct {
+	// MaxBytes bounds the memory of the remembered chains, as estimated by
+	// the cache (keys, digests and table entries); 0 means
+	// DefaultCacheBytes.
+	MaxBytes int64
+}
+
+// CacheStats are a Cache's counters since it was made.
+type CacheStats struct {
+	// Requests counts BlockKeys calls with at least one full block.
+	Requests int64
+	// HitBlocks counts blocks whose keys came from the cache; MissBlocks
+	// counts blocks hashed. The hit rate is HitBlocks/(HitBlocks+MissBlocks).
+	HitBlocks, MissBlocks int64
+	// Evictions counts chains dropped to stay within MaxBytes.
+	Evictions int64
+	// Chains and Bytes are the remembered chains and their estimated size.
+	Chains, Bytes int64
+}
+
+// Cache remembers the block chains of recent prompts so that a prompt whose
+// leading blocks were hashed recently (the next turn of a conversation, a
+// forked agent) is hashed only past them: Cache.BlockKeys pays a cheap
+// content pass over the whole prompt (XXH3-128 over its tokens and extra
+// keys, about a fifth of raw SHA-256's time) plus the Hasher's own hash for
+// the new blocks only.
+//
+// A block's content key chains the content keys of every block before it
+// and the Hasher's algorithm, seed and block size, so one Cache can serve
+// Hashers of different configurations and two prompts share cached blocks
+// exactly when they share the tokens and extra keys (LoRA, salt,
+// multimodal items, explicit tuples) of those blocks. Content keys are
+// 128-bit and seeded per Cache from a random value, so a client cannot
+// aim a collision at another prompt's chain offline.
+//
+// A Cache remembers each prompt as a chain of keys with the digest of every
+// 16th block and of its last block; its table maps the content keys of
+// those blocks to the chain. It is bounded by CacheConfig.MaxBytes and
+// evicts the oldest chains first; a prompt that extends a remembered one
+// adds a new chain that takes over the shared blocks, so an active
+// conversation stays. It is safe for concurrent use: lookups take only the
+// read lock of the table shard they probe.
+//
+// The zero Cache is ready to use with the default configuration; a nil
+// *Cache hashes without caching.
+type Cache struct {
+	once   sync.Once
+	seed   uint64
+	budget int64 // per shard
+	shards [cacheShards]cacheShard
+}
+
+// cacheShards spreads the table and the eviction queues; a power of two.
+const cacheShards = 16
+
+// checkpointEvery is the stride of the blocks a chain records digests of and
+// enters in the table: a fork that diverges inside a remembered chain
+// rehashes at most this many blocks more than it would have to.
+const checkpointEvery = 16
+
+// Per-chain and per-entry overheads in the byte estimate: a chain's struct
+// and slice headers, and a table entry (key, value and the map's slack).
+const (
+	chainOverhead = 128
+	entryOverhead = 48
+)
+
+type cacheShard struct {
+	mu sync.RWMutex
+	m  map[uint64]cacheEntry // content key's low half -> chain position
+
+	// emu guards the chains this shard owns (by their last content key)
+	// and their bytes; it is never held while waiting for emu of another
+	// shard.
+	emu   sync.Mutex
+	fifo  []*cachedChain // oldest first, from head
+	head  int
+	bytes int64
+
+	requests, hits, misses, evictions, chains atomic.Int64
+	_                                         [64]byte // keeps shards' counters off one cache line
+}
+
+// cacheEntry points at position pos of a chain; hi is the content key's
+// high half, which the probe compares.
+type cacheEntry struct {
+	hi    uint64
+	chain *cachedChain
+	pos   int32
+}
+
+// cachedChain is one remembered prompt; it never changes once entered.
+type cachedChain struct {
+	keys []uint64
+	// digests holds the digest of each checkpoint block (positions
+	// checkpointEvery-1, 2*checkpointEvery-1, ...) and, last, of the
+	// chain's last block when that is not a checkpoint.
+	digests []Digest
+	// entries are the table keys (content keys' low halves) of the entered
+	// blocks, in the order of digests.
+	entries []uint64
+	bytes   int64
+}
+
+// entered reports whether block pos of a chain of n blocks is in the table,
+// and the index of its digest.
+func entered(pos, n int) (int, bool) {
+	if pos%checkpointEvery == checkpointEvery-1 {
+		return pos / checkpointEvery, true
+	}
+	if pos == n-1 {
+		return n / checkpointEvery, true
+	}
+	return 0, false
+}
+
+// NewCache returns a Cache for cfg.
+func NewCache(cfg CacheConfig) *Cache {
+	c := &Cache{}
+	c.once.Do(func() { c.setup(cfg) })
+	return c
+}
+
+func (c *Cache) ready() *Cache {
+	c.once.Do(func() { c.setup(CacheConfig{}) })
+	return c
+}
+
+func (c *Cache) setup(cfg CacheConfig) {
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultCacheBytes
+	}
+	c.seed = rand.Uint64()
+	c.budget = max(cfg.MaxBytes/cacheShards, 1)
+	for i := range c.shards {
+		c.shards[i].m = make(map[uint64]cacheEntry)
+	}
+}
+
+// Stats returns the cache's counters.
+func (c *Cache) Stats() CacheStats {
+	var st CacheStats
+	if c == nil {
+		return st
+	}
+	c.ready()
+	for i := range c.shards {
+		s := &c.shards[i]
+		st.Requests += s.requests.Load()
+		st.HitBlocks += s.hits.Load()
+		st.MissBlocks += s.misses.Load()
+		st.Evictions += s.evictions.Load()
+		st.Chains += s.chains.Load()
+		s.emu.Lock()
+		st.Bytes += s.bytes
+		s.emu.Unlock()
+	}
+	return st
+}
+
+// cacheScratch is BlockKeys' per-call working memory: the content pass's
+// byte image of the prompt and its offsets.
+type cacheScratch struct {
+	buf []byte
+	hdr []int32 // per checkpoint segment, the offset of its header in buf
+	end []int32 // per block, the offset after its bytes in buf
+	ck  []xxh3.Uint128
+	cur []int32
+	mm  []int
+}
+
+var cacheScratchPool = sync.Pool{New: func() any { return new(cacheScratch) }}
+
+// BlockKeys is h.BlockKeys(dst, req), served from the cache as far as a
+// remembered chain covers req's leading blocks; req's chain is remembered
+// for later calls. The result always equals h.BlockKeys'. On a nil Cache it
+// is h.BlockKeys.
+func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error) {
+	if c == nil {
+		return h.BlockKeys(dst, req)
+	}
+	c.ready()
+	h.ready()
+	dst = dst[:0]
+	bs := h.cfg.BlockSize
+	n := len(req.Tokens) / bs
+	d, err := prepare(&req, n, false)
+	if err != nil || n == 0 {
+		return dst, err
+	}
+	s := cacheScratchPool.Get().(*cacheScratch)
+	defer cacheScratchPool.Put(s)
+	c.contentPass(h, s, req.Tokens[:n*bs], &d, req.Extra)
+
+	hit, pos := c.probe(s, n)
+	endKey := c.keyAt(s, n-1)
+	own := &c.shards[endKey.Lo&(cacheShards-1)]
+	own.requests.Add(1)
+	own.hits.Add(int64(pos + 1))
+	own.misses.Add(int64(n - pos - 1))
+	if pos == n-1 {
+		return append(dst, hit.keys[:n]...), nil
+	}
+
+	ch := &cachedChain{
+		digests: make([]Digest, 0, n/checkpointEvery+1),
+		entries: make([]uint64, 0, n/checkpointEvery+1),
+	}
+	cc := chain{parent: h.root}
+	if hit != nil {
+		dst = append(dst, hit.keys[:pos+1]...)
+		last, _ := entered(pos, len(hit.keys))
+		ch.digests = append(ch.digests, hit.digests[:(pos+1)/checkpointEvery]...)
+		// The multimodal cursor is the request's own: items of no extra
+		// key (empty ones) move it without changing any content key.
+		if len(d.mm) > 0 {
+			cc.cur.idx = int(s.cur[pos])
+		}
+		cc.parent = hit.digests[last]
+		cc.pos = (pos + 1) * bs
+	}
+	out := sink{keys: dst}
+	for b := pos + 1; b < n; {
+		end := min((b/checkpointEvery+1)*checkpointEvery, n)
+		var extra [][]ExtraKey
+		if req.Extra != nil {
+			extra = req.Extra[b:end]
+		}
+		h.walk(&cc, req.Tokens[b*bs:end*bs], &d, extra, &out)
+		if _, ok := entered(end-1, n); ok {
+			ch.digests = append(ch.digests, cc.parent)
+		}
+		b = end
+	}
+	dst = out.keys
+	ch.keys = append(make([]uint64, 0, n), dst...)
+	his := make([]uint64, 0, n/checkpointEvery+1)
+	for _, k := range s.ck {
+		ch.entries = append(ch.entries, k.Lo)
+		his = append(his, k.Hi)
+	}
+	if n%checkpointEvery != 0 {
+		ch.entries = append(ch.entries, endKey.Lo)
+		his = append(his, endKey.Hi)
+	}
+	ch.bytes = chainOverhead + int64(8*n+len(ch.digests)*(len(Digest{}.b)+1)+(8+entryOverhead)*len(ch.entries))
+	c.insert(own, ch, his)
+	return dst, nil
+}
+
+// contentPass lays out the content of tokens, which are whole blocks, in
+// s.buf: per segment of checkpointEvery blocks, a 16-byte header holding
+// the content key of the block before the segment (for the first, a key of
+// the Hasher's configuration), then per block its tokens (uint32 LE) and
+// its extra keys (Content's encoding, or its None tag). The content key of
+// block p is XXH3-128 of its segment's bytes from the header to p's end:
+// it covers every block up to p. contentPass fills s.ck with the keys of
+// the segments' last blocks, the checkpoints, and with multimodal items
+// s.cur with the cursor after each block.
+func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *derived, extra [][]ExtraKey) {
+	bs := h.cfg.BlockSize
+	n := len(tokens) / bs
+	s.ck, s.cur, s.hdr, s.end = s.ck[:0], s.cur[:0], s.hdr[:0], s.end[:0]
+	b := s.buf[:0]
+	b = append(b, "kvsource cache\x00"...)
+	b = append(b, h.cfg.Algo...)
+	b = append(b, 0)
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(h.cfg.Seed)))
+	b = append(b, h.cfg.Seed...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(bs))
+	prev := xxh3.Hash128Seed(b, c.seed)
+	b = slices.Grow(b[:0], (n/checkpointEvery+1)*16+n*(4*bs+1))
+	var ex extraSource
+	var cur mmCursor
+	plain := extra == nil && d.lora == "" && d.salt == "" && len(d.mm) == 0
+	for i := range n {
+		if i%checkpointEvery == 0 {
+			s.hdr = append(s.hdr, int32(len(b)))
+			b = binary.LittleEndian.AppendUint64(b, prev.Hi)
+			b = binary.LittleEndian.AppendUint64(b, prev.Lo)
+		}
+		start := i * bs
+		o := len(b)
+		b = slices.Grow(b, 4*bs+1)[:o+4*bs] // extra keys may outgrow the estimate
+		putTokens(b[o:], tokens[start:start+bs])
+		if plain {
+			b = append(b, ctNone)
+		} else {
+			s.mm = d.blockExtra(&ex, s.mm, &cur, extra, i, start, bs)
+			if ex.count() > 0 {
+				b = appendContentExtra(b, &ex)
+			} else {
+				b = append(b, ctNone)
+			}
+			if len(d.mm) > 0 {
+				s.cur = append(s.cur, int32(cur.idx))
+			}
+		}
+		s.end = append(s.end, int32(len(b)))
+		if i%checkpointEvery == checkpointEvery-1 {
+			prev = xxh3.Hash128Seed(b[s.hdr[i/checkpointEvery]:], c.seed)
+			s.ck = append(s.ck, prev)
+		}
+	}
+	s.buf = b
+}
+
+// keyAt returns the content key of block p of the prompt contentPass laid
+// out in s.
+func (c *Cache) keyAt(s *cacheScratch, p int) xxh3.Uint128 {
+	if p%checkpointEvery == checkpointEvery-1 {
+		return s.ck[p/checkpointEvery]
+	}
+	return xxh3.Hash128Seed(s.buf[s.hdr[p/checkpointEvery]:s.end[p]], c.seed)
+}
+
+// probe returns the remembered chain that covers the most leading blocks of
+// the n-block prompt laid out in s, and the position of the last block it
+// covers; nil and -1 when none does. A chain enters its checkpoints, so the
+// furthest checkpoint found bounds where a chain could end.
+func (c *Cache) probe(s *cacheScratch, n int) (*cachedChain, int) {
+	var best *cachedChain
+	pos := -1
+	for j := len(s.ck) - 1; j >= 0; j-- {
+		i := j*checkpointEvery + checkpointEvery - 1
+		if ch := c.lookup(s.ck[j], i); ch != nil {
+			best, pos = ch, i
+			break
+		}
+	}
+	for i := min(pos+checkpointEvery-1, n-1); i > pos; i-- {
+		if i%checkpointEvery == checkpointEvery-1 {
+			continue
+		}
+		if ch := c.lookup(c.keyAt(s, i), i); ch != nil {
+			return ch, i
+		}
+	}
+	return best, pos
+}
+
+func (c *Cache) lookup(k xxh3.Uint128, pos int) *cachedChain {
+	s := &c.shards[k.Lo&(cacheShards-1)]
+	s.mu.RLock()
+	e, ok := s.m[k.Lo]
+	s.mu.RUnlock()
+	if !ok || e.hi != k.Hi || int(e.pos) != pos {
+		return nil
+	}
+	return e.chain
+}
+
+// insert enters ch, owned by shard own, with his the high halves of its
+// entries' content keys, and evicts own's oldest chains past its budget.
+func (c *Cache) insert(own *cacheShard, ch *cachedChain, his []uint64) {
+	if ch.bytes > c.budget {
+		return
+	}
+	n := len(ch.keys)
+	for j, lo := range ch.entries {
+		pos := j*checkpointEvery + checkpointEvery - 1
+		if j == len(ch.entries)-1 {
+			pos = n - 1
+		}
+		s := &c.shards[lo&(cacheShards-1)]
+		s.mu.Lock()
+		s.m[lo] = cacheEntry{hi: his[j], chain: ch, pos: int32(pos)}
+		s.mu.Unlock()
+	}
+	own.emu.Lock()
+	defer own.emu.Unlock()
+	own.fifo = append(own.fifo, ch)
+	own.bytes += ch.bytes
+	own.chains.Add(1)
+	for own.bytes > c.budget {
+		old := own.fifo[own.head]
+		own.fifo[own.head] = nil
+		own.head++
+		own.bytes -= old.bytes
+		c.remove(old)
+		own.chains.Add(-1)
+		own.evictions.Add(1)
+	}
+	if own.head > len(own.fifo)/2 {
+		own.fifo = append(own.fifo[:0], own.fifo[own.head:]...)
+		own.head = 0
+	}
+}
+
+// remove deletes the table entries that still point at ch; a later chain
+// may have taken some over.
+func (c *Cache) remove(ch *cachedChain) {
+	for _, lo := range ch.entries {
+		s := &c.shards[lo&(cacheShards-1)]
+		s.mu.Lock()
+		if e, ok := s.m[lo]; ok && e.chain == ch {
+			delete(s.m, lo)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// putTokens writes tokens into b as uint32 LE, two per 8-byte store: the
+// hash's 8-byte loads then read whole stores, which 4-byte stores made
+// about three times slower.
+func putTokens(b []byte, tokens []uint32) {
+	j := 0
+	for ; j+1 < len(tokens); j += 2 {
+		binary.LittleEndian.PutUint64(b[4*j:], uint64(tokens[j])|uint64(tokens[j+1])<<32)
+	}
+	if j < len(tokens) {
+		binary.LittleEndian.PutUint32(b[4*j:], tokens[j])
+	}
+}
