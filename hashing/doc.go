@@ -45,7 +45,9 @@
 // value here. Engines
 // share blocks only when algorithm, seed and block size all match, and a
 // mismatch shows up as no hits at all, never as an error; compare a few
-// hashes recomputed from events' token ids to catch it.
+// hashes recomputed from events' token ids to catch it, and Diagnose to
+// find the setting that differs (Diagnosis.Explain says which, or that no
+// vLLM configuration reproduces the keys).
 //
 // # Extra keys
 //
