@@ -159,6 +159,9 @@ func BenchmarkReplayLoss(b *testing.B) {
 			total += res.elapsed
 			if res.recovered() {
 				recovered++
+			} else {
+				b.Logf("not recovered: %d of %d blocks after %v; the pod dropped %d replies over %d replay requests",
+					res.blocks, res.want, res.elapsed.Round(time.Millisecond), res.dropped, res.requests)
 			}
 			if res.dropped > 0 {
 				lossy++

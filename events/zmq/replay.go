@@ -93,7 +93,6 @@ func (src *source) Replay(ctx context.Context, h index.Holder, from uint64, fn f
 		if err != nil {
 			return fmt.Errorf("replay %s: %w", endpoint, err)
 		}
-		idle = time.Now().Add(src.timeout / 10)
 		// v26: [empty, topic, seq, payload]; v25: [empty, seq, payload].
 		if (len(frames) != 3 && len(frames) != 4) || len(frames[0]) != 0 || len(frames[len(frames)-2]) != 8 {
 			return fmt.Errorf("replay %s: bad reply framing (%d frames)", endpoint, len(frames))
@@ -105,5 +104,8 @@ func (src *source) Replay(ctx context.Context, h index.Holder, from uint64, fn f
 		if !fn(seq, frames[len(frames)-1]) {
 			return nil
 		}
+		// From the end of fn, which may take a while under load: what
+		// idle bounds is the endpoint's silence, not the caller's work.
+		idle = time.Now().Add(src.timeout / 10)
 	}
 }
