@@ -284,15 +284,16 @@ func (h *Hasher) setup(cfg Config) error {
 		}
 		cfg.Seed = DefaultSeed
 	}
-	cfg.SeedSet = true
+	// The normal form: a non-empty seed is set by itself.
+	cfg.SeedSet = cfg.Seed == ""
 	h.cfg = cfg
 	h.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
 	h.root = h.hashSeed()
 	return nil
 }
 
-// Config returns the configuration with defaults filled in; its seed is
-// always set.
+// Config returns the configuration with defaults filled in: Seed is the
+// seed hashed, and SeedSet is true only for the empty seed.
 func (h *Hasher) Config() Config { return h.ready().cfg }
 
 // Root returns the parent of block 0: vLLM's NONE_HASH, the hash of the seed.

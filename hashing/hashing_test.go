@@ -18,10 +18,11 @@ func TestNewFillsDefaultsAndRejectsBadConfig(t *testing.T) {
 		want Config
 		err  error
 	}{
-		{name: "zero value is vLLM's default", cfg: Config{}, want: Config{Algo: SHA256, Seed: DefaultSeed, SeedSet: true, BlockSize: 16}},
-		{name: "cbor keeps default seed", cfg: Config{Algo: SHA256CBOR, BlockSize: 32}, want: Config{Algo: SHA256CBOR, Seed: DefaultSeed, SeedSet: true, BlockSize: 32}},
-		{name: "content keeps default seed", cfg: Config{Algo: Content}, want: Config{Algo: Content, Seed: DefaultSeed, SeedSet: true, BlockSize: 16}},
-		{name: "xxhash with seed", cfg: Config{Algo: XXHash, Seed: "7", BlockSize: 1}, want: Config{Algo: XXHash, Seed: "7", SeedSet: true, BlockSize: 1}},
+		{name: "zero value is vLLM's default", cfg: Config{}, want: Config{Algo: SHA256, Seed: DefaultSeed, BlockSize: 16}},
+		{name: "cbor keeps default seed", cfg: Config{Algo: SHA256CBOR, BlockSize: 32}, want: Config{Algo: SHA256CBOR, Seed: DefaultSeed, BlockSize: 32}},
+		{name: "content keeps default seed", cfg: Config{Algo: Content}, want: Config{Algo: Content, Seed: DefaultSeed, BlockSize: 16}},
+		{name: "xxhash with seed", cfg: Config{Algo: XXHash, Seed: "7", BlockSize: 1}, want: Config{Algo: XXHash, Seed: "7", BlockSize: 1}},
+		{name: "a non-empty seed needs no SeedSet", cfg: Config{Seed: "7", SeedSet: true}, want: Config{Algo: SHA256, Seed: "7", BlockSize: 16}},
 		{name: "set empty seed stays empty", cfg: Config{SeedSet: true}, want: Config{Algo: SHA256, Seed: "", SeedSet: true, BlockSize: 16}},
 		{name: "xxhash accepts a set empty seed", cfg: Config{Algo: XXHash, SeedSet: true}, want: Config{Algo: XXHash, Seed: "", SeedSet: true, BlockSize: 16}},
 		{name: "xxhash without seed", cfg: Config{Algo: XXHash}, err: ErrSeedRequired},
