@@ -80,7 +80,8 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
-	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content"}
+	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
+		ReplayDeadline: cfg.ReplayDeadline}
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
