@@ -120,6 +120,7 @@ type Replica struct {
 	applier *applier
 	applied uint64
 	startAt uint64 // first stream sequence to consume
+	cons    jetstream.Consumer // Run's
 
 	pending    atomic.Uint64
 	oldestNs   atomic.Int64 // timestamp of the oldest unapplied message known, unix ns; 0 none
@@ -299,42 +300,35 @@ func (r *Replica) filters() []string {
 }
 
 // Run consumes the stream until ctx is done, and, with SnapshotInterval
-// set, stores snapshots while it holds its shard's lease. It returns nil
-// when ctx is done, an error when the consumer cannot be created.
+// set, stores snapshots while it holds its shard's lease. NATS being down
+// delays it, but does not stop it: it returns nil when ctx is done (an
+// error only when called twice).
 func (r *Replica) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Run called twice", ErrConfig)
 	}
-	occ := jetstream.OrderedConsumerConfig{FilterSubjects: r.filters(), DeliverPolicy: jetstream.DeliverAllPolicy}
-	if r.startAt > 1 {
-		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.startAt
-	}
-	cons, err := r.stream.OrderedConsumer(ctx, occ)
-	if ctx.Err() != nil {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("natsstream: consumer: %w", err)
-	}
-	info, err := cons.Info(ctx)
-	if ctx.Err() != nil {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("natsstream: consumer info: %w", err)
-	}
-	r.pending.Store(info.NumPending)
-	if info.NumPending == 0 {
-		r.readyOnce.Do(func() { close(r.ready) })
-	}
-	cc, err := cons.Consume(r.handle, jetstream.PullMaxMessages(1024))
-	if err != nil {
-		return fmt.Errorf("natsstream: consume: %w", err)
+	// NATS may be down or restarting: a replica waits for it rather than
+	// fail, as its ordered consumer does once running.
+	var cc jetstream.ConsumeContext
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		var err error
+		cc, err = r.consume(ctx)
+		if err == nil {
+			break
+		}
+		r.log.Warn("natsstream: cannot start consuming, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 	defer cc.Stop()
 	if r.lease != nil {
-		go r.lease.run(ctx)
-		go r.snapshotLoop(ctx)
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { r.lease.run(ctx) })
+		wg.Go(func() { r.snapshotLoop(ctx) })
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -343,17 +337,45 @@ func (r *Replica) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
-			r.refreshLag(ctx, cons)
+			r.refreshLag(ctx)
 		}
 	}
 }
 
+// consume creates the ordered consumer from startAt and starts it.
+func (r *Replica) consume(ctx context.Context) (jetstream.ConsumeContext, error) {
+	occ := jetstream.OrderedConsumerConfig{FilterSubjects: r.filters(), DeliverPolicy: jetstream.DeliverAllPolicy}
+	if r.startAt > 1 {
+		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.startAt
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cons, err := r.stream.OrderedConsumer(cctx, occ)
+	if err != nil {
+		return nil, fmt.Errorf("natsstream: consumer: %w", err)
+	}
+	info, err := cons.Info(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("natsstream: consumer info: %w", err)
+	}
+	r.pending.Store(info.NumPending)
+	if info.NumPending == 0 {
+		r.readyOnce.Do(func() { close(r.ready) })
+	}
+	cc, err := cons.Consume(r.handle, jetstream.PullMaxMessages(1024))
+	if err != nil {
+		return nil, fmt.Errorf("natsstream: consume: %w", err)
+	}
+	r.cons = cons
+	return cc, nil
+}
+
 // refreshLag asks the server how much is pending, since an idle or stuck
 // consumer receives no metadata to read it from.
-func (r *Replica) refreshLag(ctx context.Context, cons jetstream.Consumer) {
+func (r *Replica) refreshLag(ctx context.Context) {
 	ictx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	info, err := cons.Info(ictx)
+	info, err := r.cons.Info(ictx)
 	if err != nil {
 		return
 	}
