@@ -119,7 +119,7 @@ type Replica struct {
 	mu      sync.Mutex // held while applying one message, and to read a consistent position
 	applier *applier
 	applied uint64
-	startAt uint64 // first stream sequence to consume
+	startAt uint64             // first stream sequence to consume
 	cons    jetstream.Consumer // Run's
 
 	pending    atomic.Uint64
