@@ -2,12 +2,15 @@ package natsstream
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 func TestReplicasMatchASingleNodeFedTheSameEvents(t *testing.T) {
@@ -36,6 +39,13 @@ func TestReplicasMatchASingleNodeFedTheSameEvents(t *testing.T) {
 		e.hello(t, relaySub)
 	}
 
+	// The independent model of vLLM's publisher, as a fourth engine; its
+	// engine value only supplies the workload and endpoints.
+	py := &engine{pod: "10.0.0.9:8000", model: "meta-llama/Llama-3.1-8B", rng: rand.New(rand.NewPCG(9, 7)), have: make([]int, prompts),
+		pubEP: fmt.Sprintf("tcp://127.0.0.1:%d", testenv.FreePort(t)), replayEP: fmt.Sprintf("tcp://127.0.0.1:%d", testenv.FreePort(t))}
+	require.NoError(t, relaySub.AddPod(py.pod, py.pubEP, py.replayEP))
+	pyLast, pyWait := pyEngine(t, py, 60, 7, 30)
+
 	rs := []*Replica{
 		openReplica(t, js, ReplicaConfig{Name: "r0"}),
 		openReplica(t, js, ReplicaConfig{Name: "r1"}),
@@ -51,6 +61,8 @@ func TestReplicasMatchASingleNodeFedTheSameEvents(t *testing.T) {
 	for _, e := range engines {
 		last = append(last, e.publish(t, 80))
 	}
+	waitSeq(t, relaySub, index.Holder{Pod: py.pod}, pyLast)
+	waitStream(t, js, py, pyLast)
 	for i, e := range engines {
 		waitSeq(t, relaySub, index.Holder{Pod: e.pod}, last[i])
 		waitStream(t, js, e, last[i])
@@ -68,4 +80,5 @@ func TestReplicasMatchASingleNodeFedTheSameEvents(t *testing.T) {
 	}
 	require.NotZero(t, rs[0].Status().Restarts, "the engine restart reached the replicas")
 	require.NotZero(t, rs[0].Status().Gaps, "the unrepairable losses reached the replicas")
+	pyWait()
 }

@@ -1,9 +1,12 @@
 package natsstream
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -337,4 +340,62 @@ func waitStream(t *testing.T, js jetstream.JetStream, e *engine, seq uint64) {
 		m, err := s.GetLastMsgForSubject(context.Background(), subj)
 		return err == nil && m.Header.Get(HeaderSeq) == strconv.FormatUint(seq, 10)
 	}, 20*time.Second, 10*time.Millisecond, "the stream never got %s seq %d", subj, seq)
+}
+
+// pyEngine runs ../shared/interop/vllm_publisher.py, the independent model
+// of vLLM's publisher, with n steps of e's workload (e's own publisher
+// stays unused) and a replay socket, dropping drop from the live stream.
+// It returns the last sequence number and a wait for the script's exit.
+func pyEngine(t *testing.T, e *engine, n int, drop ...uint64) (uint64, func()) {
+	t.Helper()
+	python := testenv.Python(t)
+	var in bytes.Buffer
+	for range n {
+		b := e.step()
+		evs := []map[string]any{}
+		for _, ev := range b.Events {
+			switch ev.Type {
+			case events.EventBlockStored:
+				var parent any
+				if ev.HasParent {
+					parent = ev.Parent
+				}
+				evs = append(evs, map[string]any{"type": "BlockStored", "block_hashes": ev.BlockHashes,
+					"parent_block_hash": parent, "token_ids": []uint32{}, "block_size": ev.BlockSize, "medium": "GPU"})
+			case events.EventBlockRemoved:
+				evs = append(evs, map[string]any{"type": "BlockRemoved", "block_hashes": ev.BlockHashes, "medium": "GPU"})
+			case events.EventAllBlocksCleared:
+				evs = append(evs, map[string]any{"type": "AllBlocksCleared"})
+			}
+		}
+		line, err := json.Marshal(map[string]any{"events": evs, "dp_rank": 0, "ts": b.TS})
+		require.NoError(t, err)
+		in.Write(append(line, '\n'))
+	}
+	args := []string{testenv.Shared(t, "interop", "vllm_publisher.py"), "--endpoint", strings.Replace(e.pubEP, "127.0.0.1", "*", 1),
+		"--topic", e.topic(), "--replay", strings.Replace(e.replayEP, "127.0.0.1", "*", 1), "--warmup", "0.5", "--linger", "3"}
+	for _, d := range drop {
+		args = append(args, "--drop-seq", strconv.FormatUint(d, 10))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	cmd := exec.CommandContext(ctx, python, args...)
+	cmd.Stdin = &in
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	wait := func() {
+		err := <-done
+		cancel()
+		require.NoError(t, err, "publisher output:\n%s", out.String())
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	return uint64(n - 1), wait
 }
