@@ -66,6 +66,11 @@ type ReplicaConfig struct {
 	// TempDir holds snapshot files while they are written and read;
 	// default os.TempDir().
 	TempDir string
+	// Applied, when set, is called after each batch is applied, on the
+	// consuming goroutine (so it must return quickly); the batch's
+	// payload is valid only during the call. For latency measurements and
+	// application hooks.
+	Applied func(b Batch, streamSeq uint64)
 	// Logger receives the replica's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -406,6 +411,9 @@ func (r *Replica) handle(m jetstream.Msg) {
 		r.log.Warn("natsstream: dropped stream message", "stream_seq", meta.Sequence.Stream, "subject", m.Subject(), "err", err)
 	} else {
 		r.applier.apply(b)
+	}
+	if f := r.cfg.Applied; f != nil && err == nil {
+		f(b, meta.Sequence.Stream)
 	}
 	r.applied = meta.Sequence.Stream
 	r.pending.Store(meta.NumPending)
