@@ -203,6 +203,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	}
 	r.applier = newApplier(r.ix, seqs, log)
 	r.applied = r.snapSeq.Load()
+	r.appliedPub.Store(r.applied)
 	r.startAt = r.applied + 1
 	return r, nil
 }
