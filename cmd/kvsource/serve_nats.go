@@ -45,6 +45,7 @@ type serveNATSConfig struct {
 	Models           string
 	SnapshotInterval time.Duration
 	MaxLag           time.Duration
+	Replicas         int
 }
 
 const (
@@ -59,6 +60,7 @@ func (c *serveNATSConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Stream, "nats-stream", natsstream.DefaultStream, "the JetStream stream; buckets are named after it")
 	fs.StringVar(&c.Models, "nats-models", "", "replica: comma-separated models to consume (sharding by model); default every model")
 	fs.DurationVar(&c.SnapshotInterval, "nats-snapshot-interval", time.Minute, "replica: compete for the snapshot lease and store a shared snapshot this often (0: never)")
+	fs.IntVar(&c.Replicas, "nats-replicas", 1, "JetStream replication of the stream and buckets when this process creates them (3 on a three-node cluster)")
 	fs.DurationVar(&c.MaxLag, "nats-max-lag", natsstream.DefaultMaxLag, "replica: /healthz fails while the replica lags the stream by more")
 }
 
@@ -74,6 +76,8 @@ func (c *serveNATSConfig) check(cfg *serveConfig) error {
 		return errors.New("a replica reads the stream: --events-bind, --events-connect and --events-replay are the relay's")
 	case c.Role == serveRoleReplica && cfg.Snapshot != "":
 		return errors.New("a replica shares snapshots through JetStream: --snapshot is for standalone and relay")
+	case c.Replicas < 1:
+		return fmt.Errorf("--nats-replicas must be at least 1, got %d", c.Replicas)
 	case c.MaxLag <= 0:
 		return fmt.Errorf("--nats-max-lag must be positive, got %v", c.MaxLag)
 	}
@@ -109,7 +113,7 @@ func newServeNATS(cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	shared := natsstream.Config{Stream: c.Stream}
+	shared := natsstream.Config{Stream: c.Stream, Replicas: c.Replicas}
 	if c.Role == serveRoleRelay {
 		n.relay, err = natsstream.NewRelay(ctx, natsstream.RelayConfig{Config: shared, JetStream: js, Name: c.Name, Logger: log})
 	} else {
