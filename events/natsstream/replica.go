@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -193,9 +194,24 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	}
 	var seqs map[index.Holder]uint64
 	if !cfg.NoWarmStart {
-		r.ix, seqs, err = r.loadSnapshot(ctx)
-		if err != nil {
-			return nil, err
+		// Two snapshots stored while this one loads purge the stream past
+		// it: load the newer one.
+		for attempt := 0; ; attempt++ {
+			r.ix, seqs, err = r.loadSnapshot(ctx)
+			if err != nil {
+				return nil, err
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("natsstream: stream info: %w", err)
+			}
+			next := r.snapSeq.Load() + 1
+			if info.State.Msgs == 0 || info.State.FirstSeq <= next {
+				break
+			}
+			if attempt == 2 {
+				return nil, fmt.Errorf("natsstream: the stream starts at %d, after the newest snapshot's %d: snapshots are purging faster than they load", info.State.FirstSeq, next-1)
+			}
 		}
 	}
 	if r.ix == nil {
@@ -221,12 +237,36 @@ func shardName(models []string) string {
 
 func (r *Replica) objectName() string { return "index-" + r.shard }
 
-// loadSnapshot loads the shard's snapshot, nil when there is none.
+// loadSnapshot loads the shard's snapshot, nil when there is none. The
+// snapshot and the stream sequence it covers are read from one version of
+// the object: reading the metadata, then the content, could pair a newer
+// snapshot with an older sequence, whose batches would then look like
+// engine restarts. A version replaced while it is read loses its chunks;
+// the read is then tried again, on the new one.
 func (r *Replica) loadSnapshot(ctx context.Context) (*index.Index, map[index.Holder]uint64, error) {
-	info, err := r.obj.GetInfo(ctx, r.objectName())
+	var err error
+	for range 3 {
+		var ix *index.Index
+		var seqs map[index.Holder]uint64
+		ix, seqs, err = r.loadSnapshotOnce(ctx)
+		if err == nil || errors.Is(err, index.ErrBadSnapshot) || ctx.Err() != nil {
+			return ix, seqs, err
+		}
+		r.log.Warn("natsstream: loading the snapshot failed, trying again", "err", err)
+	}
+	return nil, nil, err
+}
+
+func (r *Replica) loadSnapshotOnce(ctx context.Context) (*index.Index, map[index.Holder]uint64, error) {
+	res, err := r.obj.Get(ctx, r.objectName())
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, nil, nil
 	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("natsstream: snapshot: %w", err)
+	}
+	defer res.Close()
+	info, err := res.Info()
 	if err != nil {
 		return nil, nil, fmt.Errorf("natsstream: snapshot info: %w", err)
 	}
@@ -239,9 +279,12 @@ func (r *Replica) loadSnapshot(ctx context.Context) (*index.Index, map[index.Hol
 		return nil, nil, fmt.Errorf("natsstream: load snapshot: %w", err)
 	}
 	path := f.Name()
-	f.Close()
 	defer os.Remove(path)
-	if err := r.obj.GetFile(ctx, info.Name, path); err != nil {
+	_, err = io.Copy(f, res)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return nil, nil, fmt.Errorf("natsstream: load snapshot: %w", err)
 	}
 	ix, seqs, err := index.LoadFile(path, r.cfg.Index)
