@@ -72,7 +72,9 @@ func BenchmarkReplicaWarmStart(b *testing.B) {
 		payload = events.AppendBatch(payload[:0], pub, events.LayoutMap, 0)
 		relay.Tap(events.TapBatch{Model: "m", Pod: "tail", Seq: uint64(i), Payload: payload})
 	}
-	info, err := seeder.obj.GetInfo(ctx, seeder.objectName())
+	name, _, _, _, err := seeder.newestSnapshot(ctx)
+	require.NoError(b, err)
+	info, err := seeder.obj.GetInfo(ctx, name)
 	require.NoError(b, err)
 
 	b.ResetTimer()

@@ -59,9 +59,10 @@
 //
 // # Replicas and snapshots
 //
-// Open builds a replica's index from its shard's newest snapshot (object
-// <Stream>_SNAPSHOTS/index-<shard>, whose metadata holds the stream
-// sequence it covers) and Run consumes with an ordered consumer from the
+// Open builds a replica's index from its shard's newest snapshot (objects
+// <Stream>_SNAPSHOTS/index-<shard>-a and -b, written alternately so that
+// a snapshot being read is not the one being replaced; the metadata holds
+// the stream sequence each covers) and Run consumes with an ordered consumer from the
 // next sequence, filtered to ReplicaConfig.Models when it shards by model.
 // With ReplicaConfig.SnapshotInterval set, replicas compete for the
 // shard's snapshot lease; its holder stores a snapshot that often, then

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -127,6 +126,8 @@ type Replica struct {
 	applied uint64
 	startAt uint64             // first stream sequence to consume
 	cons    jetstream.Consumer // Run's
+	// appliedCons is the consumer sequence of the last message applied.
+	appliedCons uint64
 
 	pending    atomic.Uint64
 	oldestNs   atomic.Int64 // timestamp of the oldest unapplied message known, unix ns; 0 none
@@ -235,7 +236,43 @@ func shardName(models []string) string {
 	return "models-" + strconv.FormatUint(xxhash.Sum64String(strings.Join(m, "\x00")), 16)
 }
 
-func (r *Replica) objectName() string { return "index-" + r.shard }
+// A shard's snapshots alternate between two objects, so that a replica
+// reading the newest is not cut short by the next one being written: that
+// overwrites the older.
+func (r *Replica) objectNames() [2]string {
+	return [2]string{"index-" + r.shard + "-a", "index-" + r.shard + "-b"}
+}
+
+// newestSnapshot returns the name and stream sequence of the shard's
+// newest snapshot and the name the next one goes to; ok is false when
+// there is none.
+func (r *Replica) newestSnapshot(ctx context.Context) (newest string, seq uint64, next string, ok bool, err error) {
+	names := r.objectNames()
+	next = names[0]
+	for _, name := range names {
+		info, err := r.obj.GetInfo(ctx, name)
+		if errors.Is(err, jetstream.ErrObjectNotFound) {
+			next = name
+			continue
+		}
+		if err != nil {
+			return "", 0, "", false, fmt.Errorf("natsstream: snapshot info: %w", err)
+		}
+		s, perr := strconv.ParseUint(info.Metadata[metaStreamSeq], 10, 64)
+		if perr != nil {
+			continue
+		}
+		if !ok || s > seq {
+			if ok {
+				next = newest
+			}
+			newest, seq, ok = name, s, true
+		} else {
+			next = name
+		}
+	}
+	return newest, seq, next, ok, nil
+}
 
 // loadSnapshot loads the shard's snapshot, nil when there is none. The
 // snapshot and the stream sequence it covers are read from one version of
@@ -258,10 +295,11 @@ func (r *Replica) loadSnapshot(ctx context.Context) (*index.Index, map[index.Hol
 }
 
 func (r *Replica) loadSnapshotOnce(ctx context.Context) (*index.Index, map[index.Holder]uint64, error) {
-	res, err := r.obj.Get(ctx, r.objectName())
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, nil, nil
+	name, _, _, ok, err := r.newestSnapshot(ctx)
+	if err != nil || !ok {
+		return nil, nil, err
 	}
+	res, err := r.obj.Get(ctx, name)
 	if err != nil {
 		return nil, nil, fmt.Errorf("natsstream: snapshot: %w", err)
 	}
@@ -429,15 +467,17 @@ func (r *Replica) refreshLag(ctx context.Context) {
 		return
 	}
 	r.mu.Lock()
-	behind := info.NumPending > 0 || info.Delivered.Stream > r.applied
-	if !behind {
-		r.pending.Store(0)
+	// The server counts what it has not delivered; what the client
+	// buffered and the replica has not applied yet is behind too.
+	pending := info.NumPending
+	if info.Delivered.Consumer > r.appliedCons {
+		pending += info.Delivered.Consumer - r.appliedCons
+	}
+	r.pending.Store(pending)
+	if pending == 0 {
 		r.oldestNs.Store(0)
 	} else if r.oldestNs.Load() == 0 {
 		r.oldestNs.Store(time.Now().UnixNano())
-	}
-	if info.NumPending > r.pending.Load() {
-		r.pending.Store(info.NumPending)
 	}
 	r.mu.Unlock()
 }
@@ -456,10 +496,8 @@ func (r *Replica) handle(m jetstream.Msg) {
 	} else {
 		r.applier.apply(b)
 	}
-	if f := r.cfg.Applied; f != nil && err == nil {
-		f(b, meta.Sequence.Stream)
-	}
 	r.applied = meta.Sequence.Stream
+	r.appliedCons = meta.Sequence.Consumer
 	r.pending.Store(meta.NumPending)
 	if meta.NumPending == 0 {
 		r.oldestNs.Store(0)
@@ -468,6 +506,9 @@ func (r *Replica) handle(m jetstream.Msg) {
 		r.oldestNs.Store(meta.Timestamp.UnixNano())
 	}
 	r.mu.Unlock()
+	if f := r.cfg.Applied; f != nil && err == nil {
+		f(b, meta.Sequence.Stream)
+	}
 	r.appliedPub.Store(meta.Sequence.Stream)
 	if meta.NumPending == 0 {
 		r.readyOnce.Do(func() { close(r.ready) })
@@ -549,12 +590,12 @@ func (r *Replica) Snapshot(ctx context.Context) error {
 	if seq == 0 || seq == r.snapSeq.Load() && r.snapshots.Load() > 0 {
 		return nil
 	}
-	prev := uint64(0)
-	if info, err := r.obj.GetInfo(ctx, r.objectName()); err == nil {
-		prev, _ = strconv.ParseUint(info.Metadata[metaStreamSeq], 10, 64)
-		if prev >= seq {
-			return nil
-		}
+	_, prev, name, _, err := r.newestSnapshot(ctx)
+	if err != nil {
+		return err
+	}
+	if prev >= seq {
+		return nil
 	}
 	f, err := os.CreateTemp(r.cfg.TempDir, "kvsource-snapshot-*")
 	if err != nil {
@@ -575,7 +616,7 @@ func (r *Replica) Snapshot(ctx context.Context) error {
 		return fmt.Errorf("natsstream: snapshot: %w", err)
 	}
 	defer file.Close()
-	meta := jetstream.ObjectMeta{Name: r.objectName(), Metadata: map[string]string{
+	meta := jetstream.ObjectMeta{Name: name, Metadata: map[string]string{
 		metaStreamSeq: strconv.FormatUint(seq, 10), metaReplica: r.cfg.Name,
 		metaTaken: strconv.FormatInt(taken.UnixNano(), 10),
 	}}
@@ -585,7 +626,7 @@ func (r *Replica) Snapshot(ctx context.Context) error {
 	r.snapSeq.Store(seq)
 	r.snapTaken.Store(taken.UnixNano())
 	r.snapshots.Add(1)
-	r.log.Info("natsstream: stored snapshot", "stream_seq", seq, "object", r.objectName(), "dir", filepath.Dir(path))
+	r.log.Info("natsstream: stored snapshot", "stream_seq", seq, "object", name)
 	if prev == 0 {
 		return nil
 	}
