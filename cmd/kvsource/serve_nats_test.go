@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
@@ -29,7 +30,7 @@ func startServeNATS(t *testing.T) string {
 func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
 	url := startServeNATS(t)
 	port := testenv.FreePort(t)
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@10.0.0.1:8000@m"})
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Bind: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@10.0.0.1:8000@m"})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 
@@ -54,7 +55,7 @@ func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
 	// The engine goes on publishing, as one does; the last batch stores
 	// the prompt's blocks.
 	require.Eventually(t, func() bool {
-		_, err := pub.Publish(&events.Batch{HasDPRank: true, Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: hashing.DefaultBlockSize, Medium: "GPU"}}})
+		_, err := pub.Publish(&events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: hashing.DefaultBlockSize, Medium: "GPU"}}})
 		require.NoError(t, err)
 		r := score(replicaURL)
 		return len(r.Pods) == 1 && r.Pods[0].MatchedBlocks == len(keys)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
@@ -44,7 +45,7 @@ func BenchmarkReplicaWarmStart(b *testing.B) {
 	require.NoError(b, err)
 	sctx, scancel := context.WithCancel(ctx)
 	go seeder.Run(sctx)
-	payload := events.AppendBatch(nil, &events.Batch{HasDPRank: true}, events.LayoutMap, 0)
+	payload := events.AppendBatch(nil, &events.Batch{DPRank: events.Some(0)}, events.LayoutMap, 0)
 	relay.Tap(events.TapBatch{Model: "m", Pod: "seed", Seq: 0, Payload: payload})
 	require.NoError(b, seeder.WaitApplied(ctx, 1))
 	const holders, chain = 100, 64
@@ -55,7 +56,7 @@ func BenchmarkReplicaWarmStart(b *testing.B) {
 			for i := range keys {
 				keys[i] = uint64(c)<<20 | uint64(i) + 1
 			}
-			seeder.Index().Store("m", hd, index.TierGPU, 0, 0, false, keys)
+			seeder.Index().Store(index.Blocks{Model: "m", Holder: hd, Tier: index.TierGPU, Keys: keys})
 		}
 	}
 	total := n / holders / chain * holders * chain
@@ -64,7 +65,7 @@ func BenchmarkReplicaWarmStart(b *testing.B) {
 	b.Logf("snapshot of %d holder-blocks stored in %v", n, time.Since(start))
 	scancel()
 	// The tail after the snapshot.
-	pub := &events.Batch{HasDPRank: true, Events: []events.Event{{Type: events.EventBlockStored, Medium: "GPU", BlockSize: 16, BlockHashes: make([]uint64, 32)}}}
+	pub := &events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, Medium: "GPU", BlockSize: 16, BlockHashes: make([]uint64, 32)}}}
 	for i := range 1000 {
 		for j := range pub.Events[0].BlockHashes {
 			pub.Events[0].BlockHashes[j] = uint64(i*32+j) + 1<<40
@@ -140,24 +141,24 @@ func BenchmarkReplicaPropagation(b *testing.B) {
 		go r.Run(rctx)
 		rs = append(rs, r)
 	}
-	var pubs []*events.Publisher
-	sub, err := events.NewSubscriber(events.Config{Sink: index.New(index.Config{}), Tap: relay.Tap, Workers: 2})
+	var pubs []*zmq.Publisher
+	sub, err := zmq.NewSubscriber(zmq.SubscriberConfig{Events: events.Config{Sink: index.New(index.Config{}), Tap: relay.Tap, Workers: 2}})
 	require.NoError(b, err)
 	for p := range pods {
 		port := testenv.FreePort(b)
-		pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: fmt.Sprintf("tcp://*:%d", port), Topic: fmt.Sprintf("kv@10.2.0.%d:8000@m", p)})
+		pub, err := zmq.NewPublisher(zmq.PublisherConfig{Bind: fmt.Sprintf("tcp://*:%d", port), Topic: fmt.Sprintf("kv@10.2.0.%d:8000@m", p)})
 		require.NoError(b, err)
 		defer pub.Close()
 		pubs = append(pubs, pub)
 		require.NoError(b, sub.AddPod(fmt.Sprintf("10.2.0.%d:8000", p), fmt.Sprintf("tcp://127.0.0.1:%d", port), ""))
 	}
 	go sub.Run(rctx)
-	batch := &events.Batch{HasDPRank: true, Events: []events.Event{{Type: events.EventBlockStored, Medium: "GPU", BlockSize: 16, BlockHashes: make([]uint64, batchBlocks)}}}
+	batch := &events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, Medium: "GPU", BlockSize: 16, BlockHashes: make([]uint64, batchBlocks)}}}
 	// Warm up until every pod's messages arrive.
 	nextSeq := make([]uint64, pods)
 	for p, pub := range pubs {
 		require.Eventually(b, func() bool {
-			seq, err := pub.Publish(&events.Batch{HasDPRank: true})
+			seq, err := pub.Publish(&events.Batch{DPRank: events.Some(0)})
 			require.NoError(b, err)
 			nextSeq[p] = seq + 1
 			_, ok := sub.LastSeq(index.Holder{Pod: fmt.Sprintf("10.2.0.%d:8000", p)})

@@ -11,8 +11,8 @@
 //
 // # Relay
 //
-// A relay is an events.Subscriber (bind or connect mode, gap repair from
-// the engines' replay, restart detection) whose Config.Tap is Relay.Tap:
+// A relay is a zmq.Subscriber (bind or connect mode, gap repair from the
+// engines' replay, restart detection) whose events.Config.Tap is Relay.Tap:
 // every batch the subscriber applies, in the order it applies them, is
 // stored on subject <prefix>.<model>.<pod> (EscapeToken makes names with
 // ':', '.', '/' subject-safe) with headers Kvs-Model, Kvs-Pod, Kvs-Rank,
@@ -36,10 +36,11 @@
 //
 // A consumer can rely on: each holder's (pod, rank) batches are in the
 // stream in the order the relay's subscriber applied them, without
-// duplicates, gaps being those the relay could not repair either. So a
-// replica running the events sequencing rules over the stream reaches the
-// state the relay's own subscriber reached (gaps and restarts clear the
-// holder alike). Across subjects, the stream's order is the order of
+// duplicates, gaps being those the relay could not repair either. A
+// replica hands the stream's batches, in order, to an events.Processor
+// (the same sequencing a subscriber runs, without a replay endpoint), so
+// it reaches the state the relay's own subscriber reached: gaps and
+// restarts clear the holder alike. Across subjects, the stream's order is the order of
 // arrival, which nothing should depend on.
 //
 // # Two relays

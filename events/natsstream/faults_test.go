@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/index"
 )
 
@@ -16,7 +17,7 @@ import (
 // index is the single-node reference), its NATS connection and the relay.
 type relayNode struct {
 	relay *Relay
-	sub   *events.Subscriber
+	sub   *zmq.Subscriber
 	ref   *index.Index
 	kill  func()
 }
@@ -30,7 +31,7 @@ func startRelay(t *testing.T, env *natsEnv, name string, engines ...*engine) *re
 	done := make(chan struct{})
 	go func() { defer close(done); _ = relay.Run(ctx) }()
 	ref := index.New(index.Config{})
-	sub, err := events.NewSubscriber(events.Config{Sink: ref, Tap: relay.Tap, Workers: 2})
+	sub, err := zmq.NewSubscriber(zmq.SubscriberConfig{Events: events.Config{Sink: ref, Tap: relay.Tap, Workers: 2}})
 	require.NoError(t, err)
 	for _, e := range engines {
 		require.NoError(t, sub.AddPod(e.pod, e.pubEP, e.replayEP))

@@ -19,7 +19,7 @@ import (
 func hotIndex(keys []uint64, holders []index.Holder) *index.Index {
 	ix := index.New(index.Config{})
 	for _, h := range holders {
-		ix.Store("m", h, index.TierCPU, 0, 0, false, keys)
+		ix.Store(index.Blocks{Model: "m", Holder: h, Tier: index.TierCPU, Keys: keys})
 	}
 	return ix
 }

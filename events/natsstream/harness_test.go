@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
@@ -81,7 +82,7 @@ type engine struct {
 	pod, model string
 	rng        *rand.Rand
 	have       []int // blocks held of each prompt, a prefix
-	pub        *events.Publisher
+	pub        *zmq.Publisher
 	pubEP      string
 	replayEP   string
 	drop       func(uint64) bool
@@ -123,11 +124,11 @@ func (e *engine) open(t *testing.T) {
 	if e.replayEP != "" {
 		replay = e.replayEP
 	}
-	var p *events.Publisher
+	var p *zmq.Publisher
 	// The previous process's sockets may hold the ports a moment longer.
 	require.Eventually(t, func() bool {
 		var err error
-		p, err = events.NewPublisher(events.PublisherConfig{Endpoint: bind, ReplayEndpoint: replay, Topic: e.topic(), Drop: e.drop})
+		p, err = zmq.NewPublisher(zmq.PublisherConfig{Bind: bind, ReplayEndpoint: replay, Topic: e.topic(), Drop: e.drop})
 		return err == nil
 	}, 10*time.Second, 20*time.Millisecond)
 	e.pub = p
@@ -142,7 +143,7 @@ func (e *engine) restart(t *testing.T) {
 }
 
 func (e *engine) step() *events.Batch {
-	b := &events.Batch{TS: float64(time.Now().UnixNano()) / 1e9, HasDPRank: true}
+	b := &events.Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: events.Some(0)}
 	for range 1 + e.rng.IntN(3) {
 		p := e.rng.IntN(prompts)
 		switch r := e.rng.IntN(20); {
@@ -150,7 +151,7 @@ func (e *engine) step() *events.Batch {
 			n := min(1+e.rng.IntN(4), promptBlocks-e.have[p])
 			ev := events.Event{Type: events.EventBlockStored, Medium: "GPU", BlockSize: 16}
 			if e.have[p] > 0 {
-				ev.Parent, ev.HasParent = promptKey(p, e.have[p]-1), true
+				ev.Parent = events.Some(promptKey(p, e.have[p]-1))
 			}
 			for i := range n {
 				ev.BlockHashes = append(ev.BlockHashes, promptKey(p, e.have[p]+i))
@@ -188,11 +189,11 @@ func (e *engine) publish(t *testing.T, n int) uint64 {
 // hello publishes empty batches until every subscriber knows the engine,
 // so that the batches that matter are not lost to ZMQ's slow joiners
 // (without a replay endpoint a late joiner would miss them for good).
-func (e *engine) hello(t *testing.T, subs ...*events.Subscriber) {
+func (e *engine) hello(t *testing.T, subs ...*zmq.Subscriber) {
 	t.Helper()
 	h := index.Holder{Pod: e.pod}
 	require.Eventually(t, func() bool {
-		_, err := e.pub.Publish(&events.Batch{HasDPRank: true})
+		_, err := e.pub.Publish(&events.Batch{DPRank: events.Some(0)})
 		require.NoError(t, err)
 		for _, s := range subs {
 			if _, ok := s.LastSeq(h); !ok {
@@ -206,9 +207,9 @@ func (e *engine) hello(t *testing.T, subs ...*events.Subscriber) {
 // rejoin, after restart, publishes empty batches until every subscriber
 // saw the new process: a reconnecting subscriber misses what the new
 // process sent first, and a real engine keeps publishing.
-func (e *engine) rejoin(t *testing.T, subs ...*events.Subscriber) {
+func (e *engine) rejoin(t *testing.T, subs ...*zmq.Subscriber) {
 	t.Helper()
-	restarts := func(s *events.Subscriber) uint64 {
+	restarts := func(s *zmq.Subscriber) uint64 {
 		for _, st := range s.Status() {
 			if st.Pod == e.pod {
 				return st.Restarts
@@ -222,7 +223,7 @@ func (e *engine) rejoin(t *testing.T, subs ...*events.Subscriber) {
 	}
 	start := time.Now()
 	require.Eventually(t, func() bool {
-		_, err := e.pub.Publish(&events.Batch{HasDPRank: true})
+		_, err := e.pub.Publish(&events.Batch{DPRank: events.Some(0)})
 		require.NoError(t, err)
 		for i, s := range subs {
 			if restarts(s) == before[i] {
@@ -236,9 +237,9 @@ func (e *engine) rejoin(t *testing.T, subs ...*events.Subscriber) {
 
 // newSub returns a connect-mode subscriber of engines into sink, running
 // until the test ends.
-func newSub(t *testing.T, sink events.Sink, tap func(events.TapBatch), engines ...*engine) *events.Subscriber {
+func newSub(t *testing.T, sink events.Sink, tap func(events.TapBatch), engines ...*engine) *zmq.Subscriber {
 	t.Helper()
-	s, err := events.NewSubscriber(events.Config{Sink: sink, Tap: tap, Workers: 2})
+	s, err := zmq.NewSubscriber(zmq.SubscriberConfig{Events: events.Config{Sink: sink, Tap: tap, Workers: 2}})
 	require.NoError(t, err)
 	for _, e := range engines {
 		require.NoError(t, s.AddPod(e.pod, e.pubEP, e.replayEP))
@@ -256,7 +257,7 @@ func runUntilCleanup(t testing.TB, f func(ctx context.Context)) {
 }
 
 // waitSeq waits until s applied seq of h.
-func waitSeq(t *testing.T, s *events.Subscriber, h index.Holder, seq uint64) {
+func waitSeq(t *testing.T, s *zmq.Subscriber, h index.Holder, seq uint64) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		got, ok := s.LastSeq(h)
@@ -357,8 +358,8 @@ func pyEngine(t *testing.T, e *engine, n int, drop ...uint64) (uint64, func()) {
 			switch ev.Type {
 			case events.EventBlockStored:
 				var parent any
-				if ev.HasParent {
-					parent = ev.Parent
+				if v, ok := ev.Parent.Get(); ok {
+					parent = v
 				}
 				evs = append(evs, map[string]any{"type": "BlockStored", "block_hashes": ev.BlockHashes,
 					"parent_block_hash": parent, "token_ids": []uint32{}, "block_size": ev.BlockSize, "medium": "GPU"})

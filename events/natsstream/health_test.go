@@ -30,7 +30,7 @@ func TestReplicaIsUnhealthyWhileItLagsMoreThanMaxLag(t *testing.T) {
 	}})
 	require.NoError(t, r.WaitReady(ctx))
 	require.NoError(t, r.Healthy())
-	payload := events.AppendBatch(nil, &events.Batch{HasDPRank: true}, events.LayoutMap, 0)
+	payload := events.AppendBatch(nil, &events.Batch{DPRank: events.Some(0)}, events.LayoutMap, 0)
 	for seq := range uint64(20) {
 		relay.Tap(events.TapBatch{Model: "m", Pod: "p", Seq: seq, Payload: payload})
 	}
@@ -56,7 +56,7 @@ func TestReplicaShardedByModelAppliesOnlyItsModels(t *testing.T) {
 	waitLeader(t, relay)
 	r := openReplica(t, js, ReplicaConfig{Name: "llama", Models: []string{"org/llama.3"}})
 	store := func(key uint64) []byte {
-		return events.AppendBatch(nil, &events.Batch{HasDPRank: true, Events: []events.Event{{Type: events.EventBlockStored, Medium: "GPU", BlockSize: 16, BlockHashes: []uint64{key}}}}, events.LayoutMap, 0)
+		return events.AppendBatch(nil, &events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, Medium: "GPU", BlockSize: 16, BlockHashes: []uint64{key}}}}, events.LayoutMap, 0)
 	}
 	relay.Tap(events.TapBatch{Model: "org/llama.3", Pod: "10.0.0.1:8000", Seq: 0, Payload: store(1)})
 	relay.Tap(events.TapBatch{Model: "qwen", Pod: "10.0.0.1:8000", Seq: 1, Payload: store(2)})

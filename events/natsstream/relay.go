@@ -55,7 +55,7 @@ type RelayStats struct {
 	Leader      bool   // the relay holds the lease and publishes
 }
 
-// Relay appends engines' batches, as an events.Subscriber applies them
+// Relay appends engines' batches, as an events.Processor applies them
 // (Tap), to the event stream. Several relays of the same engines may run:
 // one holds the relay lease and publishes, the others keep recent batches
 // and take over when the lease falls to them (see the package doc).
@@ -157,7 +157,8 @@ func (r *Relay) Stats() RelayStats {
 		Retries: r.retries.Load(), Republished: r.republished.Load(), Leader: r.lease.held()}
 }
 
-// Tap takes one batch from an events.Subscriber (its Config.Tap): it keeps
+// Tap takes one batch from an events.Processor (its Config.Tap, as a
+// zmq.Subscriber's Events config sets it): it keeps
 // it and, while the relay holds the lease, publishes it and returns once
 // the stream stored it, retrying until then. Holding the subscriber's
 // worker meanwhile is deliberate: a stream that cannot take batches makes

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/index"
 )
 
@@ -121,8 +123,13 @@ type Replica struct {
 	shard  string
 	lease  *lease
 
-	mu      sync.Mutex // held while applying one message, and to read a consistent position
-	applier *applier
+	// mu is held while a message is handed to proc, and to read a
+	// consistent position (with proc synced).
+	mu      sync.Mutex
+	proc    *events.Processor
+	initial map[index.Holder]uint64 // the loaded snapshot's sequence numbers
+	closed  bool                    // proc closed: no more Handle
+	runCtx  context.Context
 	applied uint64
 	startAt uint64             // first stream sequence to consume
 	cons    jetstream.Consumer // Run's
@@ -137,6 +144,7 @@ type Replica struct {
 	badMsgs    atomic.Uint64
 	ready      chan struct{}
 	readyOnce  sync.Once
+	readying   atomic.Bool
 	running    atomic.Bool
 	appliedPub atomic.Uint64
 	notify     chan struct{} // signalled after each applied message
@@ -218,7 +226,16 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	if r.ix == nil {
 		r.ix = index.New(cfg.Index)
 	}
-	r.applier = newApplier(r.ix, seqs, log)
+	// The events core applies the stream's batches with the rules a
+	// subscriber applies engine messages with (sequencing, gaps, restarts),
+	// so a replica's index equals the relay subscriber's. Handle waits for
+	// room rather than drop: the stream keeps what the replica has not
+	// applied, and a dropped batch would be a gap no replay can close.
+	r.proc, err = events.NewProcessor(events.Config{Sink: r.ix, InitialSeqs: seqs, EnqueueTimeout: 24 * time.Hour, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	r.initial = seqs
 	r.applied = r.snapSeq.Load()
 	r.appliedPub.Store(r.applied)
 	r.startAt = r.applied + 1
@@ -366,6 +383,9 @@ func (r *Replica) WaitApplied(ctx context.Context, seq uint64) error {
 			return ctx.Err()
 		}
 	}
+	if r.running.Load() {
+		return r.proc.Sync(ctx)
+	}
 	return nil
 }
 
@@ -394,6 +414,16 @@ func (r *Replica) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Run called twice", ErrConfig)
 	}
+	r.runCtx = ctx
+	if err := r.proc.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		r.proc.Close()
+	}()
 	// NATS may be down or restarting: a replica waits for it rather than
 	// fail, as its ordered consumer does once running.
 	var cc jetstream.ConsumeContext
@@ -490,11 +520,15 @@ func (r *Replica) handle(m jetstream.Msg) {
 	}
 	b, err := parseBatch(m.Headers(), m.Data())
 	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
 	if err != nil {
 		r.badMsgs.Add(1)
 		r.log.Warn("natsstream: dropped stream message", "stream_seq", meta.Sequence.Stream, "subject", m.Subject(), "err", err)
 	} else {
-		r.applier.apply(b)
+		r.proc.Handle(r.runCtx, events.Message{Pod: b.Pod, Model: b.Model, Seq: b.Seq, Payload: b.Payload})
 	}
 	r.applied = meta.Sequence.Stream
 	r.appliedCons = meta.Sequence.Consumer
@@ -507,11 +541,20 @@ func (r *Replica) handle(m jetstream.Msg) {
 	}
 	r.mu.Unlock()
 	if f := r.cfg.Applied; f != nil && err == nil {
-		f(b, meta.Sequence.Stream)
+		// The hook is told once the batch applied: the consumer waits.
+		if r.proc.Sync(r.runCtx) == nil {
+			f(b, meta.Sequence.Stream)
+		}
 	}
 	r.appliedPub.Store(meta.Sequence.Stream)
-	if meta.NumPending == 0 {
-		r.readyOnce.Do(func() { close(r.ready) })
+	if meta.NumPending == 0 && !r.isReady() && r.readying.CompareAndSwap(false, true) {
+		// Ready once what was handed so far has applied.
+		go func() {
+			if r.proc.Sync(r.runCtx) == nil {
+				r.readyOnce.Do(func() { close(r.ready) })
+			}
+			r.readying.Store(false)
+		}()
 	}
 	select {
 	case r.notify <- struct{}{}:
@@ -521,11 +564,11 @@ func (r *Replica) handle(m jetstream.Msg) {
 
 // Status returns the replica's progress.
 func (r *Replica) Status() ReplicaStatus {
-	r.mu.Lock()
-	a := r.applier
-	st := ReplicaStatus{Name: r.cfg.Name, AppliedSeq: r.applied, Batches: a.batches,
-		Gaps: a.gaps, Restarts: a.restarts, BadMessages: r.badMsgs.Load() + a.decodeErrors}
-	r.mu.Unlock()
+	// Not under mu: a handed message may wait there for room in the
+	// processor's queue.
+	ps := r.proc.Stats()
+	st := ReplicaStatus{Name: r.cfg.Name, AppliedSeq: r.appliedPub.Load(), Batches: ps.Batches,
+		Gaps: ps.Gaps, Restarts: ps.Restarts, BadMessages: r.badMsgs.Load() + ps.DecodeErrors + ps.BadMessages}
 	st.Ready = r.isReady()
 	st.Connected = r.js.Conn().IsConnected()
 	st.LagMessages = r.pending.Load()
@@ -583,9 +626,23 @@ func (r *Replica) snapshotLoop(ctx context.Context) {
 // own while they hold the snapshot lease; calling it directly (tests,
 // a shutdown hook) skips the lease.
 func (r *Replica) Snapshot(ctx context.Context) error {
+	// The position and the holders' sequence numbers are read with
+	// nothing handed and not applied.
 	r.mu.Lock()
 	seq := r.applied
-	seqs := r.applier.seqs()
+	if err := r.proc.Sync(ctx); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	seqs := maps.Clone(r.initial)
+	if seqs == nil {
+		seqs = map[index.Holder]uint64{}
+	}
+	for _, hs := range r.proc.Status() {
+		if last, ok := r.proc.LastSeq(hs.Holder()); ok {
+			seqs[hs.Holder()] = last
+		}
+	}
 	r.mu.Unlock()
 	if seq == 0 || seq == r.snapSeq.Load() && r.snapshots.Load() > 0 {
 		return nil

@@ -32,6 +32,7 @@ import (
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/events/natsstream"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/index"
 )
 
@@ -57,7 +58,7 @@ func freePort() (int, error) {
 // prompts and publishes each step.
 type engine struct {
 	pod  string
-	pub  *events.Publisher
+	pub  *zmq.Publisher
 	ep   string
 	rng  *rand.Rand
 	have [8]int
@@ -71,7 +72,7 @@ func (e *engine) step() (uint64, error) {
 	if e.have[p] < 16 && e.rng.IntN(2) == 0 {
 		ev.Type = events.EventBlockStored
 		if e.have[p] > 0 {
-			ev.Parent, ev.HasParent = key(p, e.have[p]-1), true
+			ev.Parent = events.Some(key(p, e.have[p]-1))
 		}
 		n := min(1+e.rng.IntN(4), 16-e.have[p])
 		for i := range n {
@@ -83,7 +84,7 @@ func (e *engine) step() (uint64, error) {
 		ev.BlockHashes = append(ev.BlockHashes, key(p, e.have[p]-1))
 		e.have[p]--
 	}
-	return e.pub.Publish(&events.Batch{TS: float64(time.Now().UnixNano()) / 1e9, HasDPRank: true, Events: []events.Event{ev}})
+	return e.pub.Publish(&events.Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: events.Some(0), Events: []events.Event{ev}})
 }
 
 // replica is one router replica: its connection, which a kill drops.
@@ -162,7 +163,7 @@ func run(ctx context.Context, out io.Writer) error {
 	defer cancel()
 	go relay.Run(ctx)
 	relayIndex := index.New(index.Config{})
-	sub, err := events.NewSubscriber(events.Config{Sink: relayIndex, Tap: relay.Tap, Logger: log})
+	sub, err := zmq.NewSubscriber(zmq.SubscriberConfig{Events: events.Config{Sink: relayIndex, Tap: relay.Tap, Logger: log}})
 	if err != nil {
 		return err
 	}
@@ -173,7 +174,7 @@ func run(ctx context.Context, out io.Writer) error {
 			return err
 		}
 		e := &engine{pod: fmt.Sprintf("10.0.0.%d:8000", i+1), ep: fmt.Sprintf("tcp://127.0.0.1:%d", port), rng: rand.New(rand.NewPCG(uint64(i), 1))}
-		if e.pub, err = events.NewPublisher(events.PublisherConfig{Endpoint: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@" + e.pod + "@" + model}); err != nil {
+		if e.pub, err = zmq.NewPublisher(zmq.PublisherConfig{Bind: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@" + e.pod + "@" + model}); err != nil {
 			return err
 		}
 		defer e.pub.Close()
@@ -190,7 +191,7 @@ func run(ctx context.Context, out io.Writer) error {
 	// (no replay endpoints here, so nothing sent earlier could be fetched).
 	for _, e := range engines {
 		for {
-			if _, err := e.pub.Publish(&events.Batch{HasDPRank: true}); err != nil {
+			if _, err := e.pub.Publish(&events.Batch{DPRank: events.Some(0)}); err != nil {
 				return err
 			}
 			if _, ok := sub.LastSeq(index.Holder{Pod: e.pod}); ok {
