@@ -53,14 +53,6 @@ func (e *natsEnv) start() {
 	e.srv = srv
 }
 
-// restart stops the server and starts it again on the same port and
-// storage, as a server process restarted with file storage does.
-func (e *natsEnv) restart() {
-	e.srv.Shutdown()
-	e.srv.WaitForShutdown()
-	e.start()
-}
-
 func (e *natsEnv) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", e.port) }
 
 // connect returns a JetStream client that reconnects for ever, closed when
