@@ -120,7 +120,11 @@ func TestThreeReplicasSpreadPullsAsOnePickerWould(t *testing.T) {
 	t.Logf("in flight per holder, %d pulls: three replicas sharing %v (min %d, max %d); one picker %v (min %d, max %d); three replicas not sharing, same requests %v (min %d, max %d)",
 		replicas*rounds, slices.Collect(mapValues(total, holders)), flo, fhi, slices.Collect(mapValues(single, holders)), slo, shi,
 		slices.Collect(mapValues(alone, holders)), alo, ahi)
-	require.LessOrEqual(t, fhi-flo, max(shi-slo, 1)+replicas, "sharing spreads about as evenly as one picker")
+	// Within a round the three picks are concurrent and see the same
+	// counts, as any uncoordinated replicas would; across rounds each sees
+	// the fleet's. One picker's spread plus a round's worth of collisions
+	// per side bounds it.
+	require.LessOrEqual(t, fhi-flo, shi-slo+2*replicas, "sharing spreads about as evenly as one picker")
 }
 
 func mapValues(m map[index.Holder]int, keys []index.Holder) func(func(int) bool) {
