@@ -88,6 +88,8 @@ type serveConfig struct {
 	// the time from the end of its headers to the end of the response;
 	// IdleTimeout how long a keep-alive connection waits for the next.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// NATS is the scale-out role (serve_nats.go); zero: standalone.
+	NATS serveNATSConfig
 }
 
 type serveStringList []string
@@ -165,6 +167,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
+	cfg.NATS.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]...")
 		fmt.Fprintln(stderr, "                      [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]]...")
@@ -212,6 +215,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	cfg.Seed, cfg.SeedSet = seed.value, seed.set
+	if err := cfg.NATS.check(&cfg); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
 }
 
