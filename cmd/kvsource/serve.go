@@ -35,10 +35,12 @@ import (
 //	GET  /metrics   Prometheus; GET /healthz
 //
 // A candidate without "dp_rank" stands for every rank of its pod. Errors
-// are {"error"}: 400 for a bad request, 405 for another method, 404 for an
-// unknown path and for /v1/score of a model the index knows no holder of
-// while it knows others, which /v1/pick answers with reason
-// "unknown_model". SIGINT or SIGTERM shuts down gracefully,
+// are {"error"}: 400 for a bad request (identifiers are at most 4 KiB), 405
+// for another method, 404 for an unknown path and for /v1/score of a model
+// the index knows no holder of while it knows others, which /v1/pick answers
+// with reason "unknown_model", 413 for more tokens than --max-tokens or a
+// body over its limit, 503 with Retry-After beyond --max-inflight-requests
+// or past --request-timeout (see serve_limits.go). SIGINT or SIGTERM shuts down gracefully,
 // saving the --snapshot file, which start-up loads. A holder loaded from the
 // snapshot is listed "stale" in /v1/pods, with its saved last_seq, until its
 // pod publishes again; if it never does, each shutdown saves it again with
@@ -72,6 +74,7 @@ type serveConfig struct {
 	// the time from the end of its headers to the end of the response;
 	// IdleTimeout how long a keep-alive connection waits for the next.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	serveLimits
 }
 
 type serveStringList []string
@@ -132,6 +135,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
+	cfg.serveLimits.flags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
@@ -166,6 +170,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		if d.v <= 0 {
 			return cfg, fmt.Errorf("%s must be positive, got %v", d.name, d.v)
 		}
+	}
+	if err := cfg.serveLimits.check(cfg.WriteTimeout); err != nil {
+		return cfg, err
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	return cfg, nil

@@ -42,6 +42,7 @@ type serveService struct {
 	requests  *prometheus.CounterVec
 	decisions *prometheus.CounterVec
 	pulled    prometheus.Counter
+	lim       serveLimiter
 
 	http     *http.Server
 	ln       net.Listener
@@ -113,6 +114,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	s.initMetrics()
+	s.initLimits()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/score", s.instrument("/v1/score", s.handleScore))
 	mux.HandleFunc("POST /v1/pick", s.instrument("/v1/pick", s.handlePick))
@@ -316,33 +318,22 @@ func serveUnseen(list []index.HolderModel, status []events.HolderStatus) []index
 	return out
 }
 
-// instrument bounds request bodies to serveMaxBody, counts requests by path
-// and status and turns handler errors into JSON error responses: 400 for the
-// client's mistakes, 500 otherwise.
+// instrument admits requests within the service's limits (see admit),
+// counts them by path and the status the client got, and turns handler
+// errors into JSON error responses: 400 for the client's mistakes, 413 for
+// a request over a size limit, 503 past the deadline, 500 otherwise.
 func (s *serveService) instrument(path string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		// The server's own ResponseWriter, not the recorder: through it
-		// the limit marks the connection to be closed after the answer,
-		// rather than left to read the rest of an oversize body.
-		r.Body = http.MaxBytesReader(w, r.Body, serveMaxBody)
+		r, release, ok := s.admit(w, r, path)
+		if !ok {
+			return
+		}
+		defer release()
 		rec := &serveStatusRecorder{ResponseWriter: w, code: http.StatusOK}
 		if err := h(rec, r); err != nil {
-			code := http.StatusInternalServerError
-			var br serveBadRequest
-			var nf serveNotFound
-			switch {
-			case errors.As(err, &br):
-				code = http.StatusBadRequest
-				s.log.Info("kvsource serve: bad request", "path", path, "remote", r.RemoteAddr, "err", err)
-			case errors.As(err, &nf):
-				code = http.StatusNotFound
-				s.log.Info("kvsource serve: not found", "path", path, "remote", r.RemoteAddr, "err", err)
-			default:
-				s.log.Error("kvsource serve: request failed", "path", path, "remote", r.RemoteAddr, "err", err)
-			}
-			serveWriteJSON(rec, code, serveErrorJSON{Error: err.Error()})
+			s.answerError(rec, r, path, err)
 		}
-		s.requests.WithLabelValues(path, strconv.Itoa(rec.code)).Inc()
+		s.countAnswer(w, path, rec.code)
 	}
 }
 
@@ -411,7 +402,15 @@ func (s *serveService) handleScore(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return serveBadRequest{err}
 	}
-	scores, err := s.pk.Score(picker.Request{Model: req.Model, Prompt: prompt}, nil)
+	if err := s.checkPrompt(&req.servePromptJSON); err != nil {
+		return err
+	}
+	for _, p := range req.Pods {
+		if err := serveCheckField("pods", p); err != nil {
+			return err
+		}
+	}
+	scores, err := s.pk.ScoreContext(r.Context(), picker.Request{Model: req.Model, Prompt: prompt}, nil)
 	if err != nil {
 		return servePickerError(err)
 	}
@@ -449,6 +448,14 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return serveBadRequest{err}
 	}
+	if err := s.checkPrompt(&req.servePromptJSON); err != nil {
+		return err
+	}
+	for _, f := range []struct{ name, v string }{{"request_id", req.RequestID}, {"destination", req.Destination}} {
+		if err := serveCheckField(f.name, f.v); err != nil {
+			return err
+		}
+	}
 	if req.Destination == "" {
 		return serveBadRequest{errors.New(`"destination" is required`)}
 	}
@@ -466,7 +473,7 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	if preq.Candidates, err = s.candidates(req.Model, req.Candidates); err != nil {
 		return err
 	}
-	d, err := s.pk.Pick(preq)
+	d, err := s.pk.PickContext(r.Context(), preq)
 	if err != nil {
 		return servePickerError(err)
 	}
@@ -513,6 +520,9 @@ func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]pick
 	for _, c := range in {
 		if c.Pod == "" {
 			return nil, serveBadRequest{errors.New(`candidate without "pod"`)}
+		}
+		if err := serveCheckField("candidates pod", c.Pod); err != nil {
+			return nil, err
 		}
 		if c.Waiting < 0 || c.Load < 0 {
 			return nil, serveBadRequest{fmt.Errorf("candidate %s: negative load", c.Pod)}
@@ -575,6 +585,9 @@ func (s *serveService) handleDone(w http.ResponseWriter, r *http.Request) error 
 	}
 	if req.RequestID == "" {
 		return serveBadRequest{errors.New(`"request_id" is required`)}
+	}
+	if err := serveCheckField("request_id", req.RequestID); err != nil {
+		return err
 	}
 	p, ok := s.pulls.LoadAndDelete(req.RequestID)
 	if ok {
