@@ -120,6 +120,10 @@ func serveDecodeJSON(r *http.Request, v any) error {
 		return serveBadRequest{fmt.Errorf("decoding request: %w", err)}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			return serveBadRequest{fmt.Errorf("decoding request: %w", err)}
+		}
 		return serveBadRequest{errors.New("decoding request: trailing data after the JSON object")}
 	}
 	return nil
