@@ -40,10 +40,12 @@ import (
 // the index knows no holder of while it knows others, which /v1/pick answers
 // with reason "unknown_model", 413 for more tokens than --max-tokens or a
 // body over its limit, 503 with Retry-After beyond --max-inflight-requests
-// or past --request-timeout (see serve_limits.go). SIGINT or SIGTERM shuts down gracefully,
-// saving the --snapshot file, which start-up loads. A holder loaded from the
-// snapshot is listed "stale" in /v1/pods, with its saved last_seq, until its
-// pod publishes again; if it never does, each shutdown saves it again with
+// or past --request-timeout (see serve_limits.go). SIGINT or SIGTERM shuts
+// down gracefully, saving the --snapshot file, which start-up loads; it is
+// also saved every --snapshot-interval, so a crash loses at most that (see
+// serve_snapshot.go). A holder loaded from the snapshot is listed "stale" in
+// /v1/pods, with its saved last_seq, until its pod publishes again; if it
+// never does, each save writes it again with
 // that last_seq, so it stays, stale, across restarts (see saveSnapshot).
 
 func init() {
@@ -75,6 +77,7 @@ type serveConfig struct {
 	// IdleTimeout how long a keep-alive connection waits for the next.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	serveLimits
+	serveSnapshotConfig
 }
 
 type serveStringList []string
@@ -129,13 +132,14 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&cfg.MinCachedTokenDelta, "min-cached-token-delta", picker.DefaultMinCachedTokenDelta, "smallest gain, in tokens, worth a pull")
 	fs.IntVar(&cfg.P2PPort, "p2p-port", picker.DefaultP2PPort, "the engines' base P2P port (VLLM_P2P_SIDE_CHANNEL_PORT); rank r listens on it plus r")
 	fs.DurationVar(&cfg.InflightTTL, "inflight-ttl", picker.DefaultInflightTTL, "how long a pull counts against its source")
-	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved at shutdown")
+	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved every --snapshot-interval and at shutdown")
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	cfg.serveLimits.flags(fs)
+	cfg.serveSnapshotConfig.flags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
@@ -172,6 +176,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		}
 	}
 	if err := cfg.serveLimits.check(cfg.WriteTimeout); err != nil {
+		return cfg, err
+	}
+	if err := cfg.serveSnapshotConfig.check(); err != nil {
 		return cfg, err
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect

@@ -46,7 +46,10 @@ func serveCount(s *serveService, name string, labels ...string) float64 {
 	for i := 0; i+1 < len(labels); i += 2 {
 		pairs = append(pairs, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
 	}
-	prefix := name + "{" + strings.Join(pairs, ",") + "} "
+	prefix := name + " "
+	if len(pairs) > 0 {
+		prefix = name + "{" + strings.Join(pairs, ",") + "} "
+	}
 	for _, line := range strings.Split(rec.Body.String(), "\n") {
 		if v, ok := strings.CutPrefix(line, prefix); ok {
 			f, err := strconv.ParseFloat(v, 64)

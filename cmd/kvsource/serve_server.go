@@ -43,6 +43,7 @@ type serveService struct {
 	decisions *prometheus.CounterVec
 	pulled    prometheus.Counter
 	lim       serveLimiter
+	snap      serveSnapshots
 
 	http     *http.Server
 	ln       net.Listener
@@ -72,7 +73,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	}
 	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull](),
 		subStopTimeout: serveSubStopTimeout}
-	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
+	if s.idx, s.snapSeqs, err = s.loadSnapshot(index.Config{Logger: log}); err != nil {
 		return nil, err
 	}
 	s.sub, err = events.NewSubscriber(events.Config{
@@ -115,15 +116,13 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	}
 	s.initMetrics()
 	s.initLimits()
+	s.initSnapshotMetrics()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/score", s.instrument("/v1/score", s.handleScore))
 	mux.HandleFunc("POST /v1/pick", s.instrument("/v1/pick", s.handlePick))
 	mux.HandleFunc("POST /v1/done", s.instrument("/v1/done", s.handleDone))
 	mux.HandleFunc("GET /v1/pods", s.instrument("/v1/pods", s.handlePods))
-	mux.HandleFunc("GET /healthz", s.instrument("/healthz", func(w http.ResponseWriter, _ *http.Request) error {
-		serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-		return nil
-	}))
+	mux.HandleFunc("GET /healthz", s.instrument("/healthz", s.handleHealth))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	// Without these a client that stalls mid-body, never reads its answer or
 	// keeps idle connections open holds a connection and its goroutine
@@ -131,26 +130,6 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	s.http = &http.Server{Handler: s.muxErrors(mux), ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
 		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, IdleTimeout: cfg.IdleTimeout}
 	return s, nil
-}
-
-// serveLoadSnapshot returns the snapshot's index and per-holder sequence
-// numbers, or an empty index when there is no snapshot (yet).
-func serveLoadSnapshot(path string, log *slog.Logger) (*index.Index, map[index.Holder]uint64, error) {
-	cfg := index.Config{Logger: log}
-	if path == "" {
-		return index.New(cfg), nil, nil
-	}
-	idx, seqs, err := index.LoadFile(path, cfg)
-	if errors.Is(err, os.ErrNotExist) {
-		log.Info("kvsource serve: no snapshot yet, starting empty", "snapshot", path)
-		return index.New(cfg), nil, nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	st := idx.Stats()
-	log.Info("kvsource serve: snapshot loaded", "snapshot", path, "holders", st.Holders, "holdings", st.HolderBlocks)
-	return idx, seqs, nil
 }
 
 type serveCalibrationJSON struct {
@@ -195,6 +174,7 @@ func (s *serveService) Start(ctx context.Context) error {
 	s.subDone = done
 	go func() { done <- s.sub.Run(subCtx) }()
 	go s.forgetExpiredPulls(subCtx)
+	s.startSnapshots(subCtx)
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("kvsource serve: http", "err", err)
@@ -233,16 +213,18 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop within %v", s.subStopTimeout))
 		}
 		if s.cfg.Snapshot != "" {
-			err = errors.Join(err, s.saveSnapshot())
+			err = errors.Join(err, s.finalSnapshot())
 		}
 	})
 	return err
 }
 
 // saveSnapshot saves the index with each holder's last applied sequence
-// number, so that a restart replays only what it missed. A stale holder's
-// entries may include blocks its engine no longer has; they are dropped
-// rather than saved as if they were exact.
+// number, so that a restart replays only what it missed: every
+// --snapshot-interval while events flow, and a final time at shutdown. A
+// stale holder's entries may include blocks its engine no longer has; they
+// are left out of the file rather than saved as if they were exact, and
+// kept in the index the service answers from.
 //
 // A holder the loaded snapshot brought in and whose pod has not published
 // since (listed "stale" in /v1/pods) is saved again with the sequence number
@@ -251,19 +233,27 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 // holder whose pod never comes back therefore stays, with its old number and
 // listed stale, across restarts. One without a loaded number (its pod is
 // never heard from under any model and the snapshot has no number for it)
-// could never be checked or replayed, so it is dropped. Holders that are
-// dropped are removed from the index in every model, so no empty holder is
-// saved either.
+// could never be checked or replayed, so it is left out. A holder is left
+// out in every model.
 //
-// The sequence numbers are read before SaveFile reads the index, and must
-// stay so: a worker publishes a batch's sequence number only after applying
-// the batch, so every batch up to a number read here is in the index
-// SaveFile then writes. Read after, a batch applied in between would be
-// claimed but missing and never replayed; read before, the snapshot may
-// hold batches past the saved number, and replaying them after a restart
-// is idempotent. Shutdown stops the subscriber first, so this order only
-// matters should a snapshot ever be saved while events flow.
-func (s *serveService) saveSnapshot() error {
+// The sequence numbers are read before SaveHolders reads the index, and
+// must stay so: a worker publishes a batch's sequence number only after
+// applying the batch, so every batch up to a number read here is in the
+// index SaveHolders then writes. Read after, a batch applied in between
+// would be claimed but missing and never replayed; read before, the
+// snapshot may hold batches past the saved number, and replaying them after
+// a restart is idempotent.
+//
+// Per-holder lines are logged at the final save; periodic saves log them at
+// debug level, so that a pod gone for good is not logged every interval.
+func (s *serveService) saveSnapshot(final bool) error {
+	s.snap.mu.Lock()
+	defer s.snap.mu.Unlock()
+	level := slog.LevelDebug
+	if final {
+		level = slog.LevelWarn
+	}
+	ctx := context.Background()
 	list := s.idx.HolderList()
 	status := s.sub.Status()
 	seqs := map[index.Holder]uint64{}
@@ -274,7 +264,7 @@ func (s *serveService) saveSnapshot() error {
 			continue
 		}
 		stale[st.Holder()] = true
-		s.log.Warn("kvsource serve: stale holder left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model, "last_seq", st.LastSeq)
+		s.log.Log(ctx, level, "kvsource serve: stale holder left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model, "last_seq", st.LastSeq)
 	}
 	for _, hm := range serveUnseen(list, status) {
 		h := hm.Holder
@@ -283,19 +273,23 @@ func (s *serveService) saveSnapshot() error {
 		}
 		if seq, ok := s.snapSeqs[h]; ok {
 			seqs[h] = seq
-			s.log.Info("kvsource serve: holder not heard from since the snapshot saved with its loaded sequence number", "pod", h.Pod, "rank", h.Rank, "model", hm.Model, "last_seq", seq)
+			s.log.Log(ctx, min(level, slog.LevelInfo), "kvsource serve: holder not heard from since the snapshot saved with its loaded sequence number", "pod", h.Pod, "rank", h.Rank, "model", hm.Model, "last_seq", seq)
 			continue
 		}
 		stale[h] = true
-		s.log.Warn("kvsource serve: holder without a sequence number left out of the snapshot", "pod", h.Pod, "rank", h.Rank, "model", hm.Model)
+		s.log.Log(ctx, level, "kvsource serve: holder without a sequence number left out of the snapshot", "pod", h.Pod, "rank", h.Rank, "model", hm.Model)
 	}
+	// A holder stale under one model is left out under all.
 	for h := range stale {
-		s.idx.RemoveHolder(h)
+		delete(seqs, h)
 	}
-	if err := s.idx.SaveFile(s.cfg.Snapshot, seqs); err != nil {
+	if err := s.idx.SaveHolders(s.cfg.Snapshot, seqs); err != nil {
+		s.snap.saveErrors.Inc()
 		return err
 	}
-	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs))
+	s.snap.saves.Inc()
+	s.snap.lastSave.SetToCurrentTime()
+	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs), "left_out", len(stale), "final", final)
 	return nil
 }
 
