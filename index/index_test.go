@@ -446,3 +446,32 @@ func TestCapacitySetWhileHolderIsCreatedApplies(t *testing.T) {
 		require.Equal(t, 2, ix.HolderBlocks("m", h)[TierGPU], "holder %d", i)
 	}
 }
+
+func TestMemoryBytesBoundsHoldingsAtHolderBlockBytesEach(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config
+		want int64
+	}{
+		{"memory budget", Config{MemoryBytes: 1000 * HolderBlockBytes}, 1000},
+		{"lower holding budget wins", Config{MemoryBytes: 1000 * HolderBlockBytes, MaxHolderBlocks: 600}, 600},
+		{"lower memory budget wins", Config{MemoryBytes: 1000 * HolderBlockBytes, MaxHolderBlocks: 6000}, 1000},
+		{"memory budget without holding budget", Config{MemoryBytes: 1000 * HolderBlockBytes, MaxHolderBlocks: -1}, 1000},
+		{"neither", Config{}, DefaultMaxHolderBlocks},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := New(tc.cfg)
+			require.Equal(t, tc.want, ix.Budget())
+			if tc.want > 10000 {
+				return
+			}
+			for i := range 50 {
+				ix.Store("m", Holder{Pod: fmt.Sprintf("p%d:1", i%5)}, TierGPU, 0, 0, false, chain(uint64(i+1)<<32, 100))
+			}
+			st := ix.Stats()
+			require.LessOrEqual(t, st.HolderBlocks, tc.want)
+			require.Equal(t, int64(5000)-st.HolderBlocks, int64(st.EvictedBudget))
+		})
+	}
+}
