@@ -78,6 +78,7 @@ type serveConfig struct {
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	serveLimits
 	serveSnapshotConfig
+	serveMemoryConfig
 }
 
 type serveStringList []string
@@ -140,6 +141,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	cfg.serveLimits.flags(fs)
 	cfg.serveSnapshotConfig.flags(fs)
+	cfg.serveMemoryConfig.flags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
@@ -181,6 +183,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	if err := cfg.serveSnapshotConfig.check(); err != nil {
 		return cfg, err
 	}
+	if err := cfg.serveMemoryConfig.check(); err != nil {
+		return cfg, err
+	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	return cfg, nil
 }
@@ -200,6 +205,7 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	serveApplyMemoryLimit(cfg.IndexMemory, log)
 	s, err := newServeService(cfg, log)
 	if err != nil {
 		log.Error("kvsource serve: start-up failed", "err", err)

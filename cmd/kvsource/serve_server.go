@@ -73,7 +73,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	}
 	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull](),
 		subStopTimeout: serveSubStopTimeout}
-	if s.idx, s.snapSeqs, err = s.loadSnapshot(index.Config{Logger: log}); err != nil {
+	if s.idx, s.snapSeqs, err = s.loadSnapshot(serveIndexConfig(cfg, log)); err != nil {
 		return nil, err
 	}
 	s.sub, err = events.NewSubscriber(events.Config{
@@ -117,6 +117,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	s.initMetrics()
 	s.initLimits()
 	s.initSnapshotMetrics()
+	s.initMemoryMetrics()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/score", s.instrument("/v1/score", s.handleScore))
 	mux.HandleFunc("POST /v1/pick", s.instrument("/v1/pick", s.handlePick))
