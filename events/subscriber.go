@@ -91,6 +91,13 @@ type Config struct {
 	Workers int
 	// QueueLen is each worker's queue length in messages; default 4096.
 	QueueLen int
+	// QueueBytes bounds the payload bytes queued for each worker, the one
+	// it is applying included; default 64 MiB or MaxMessageSize, whichever
+	// is larger. A message that would pass it is dropped at once and its
+	// pod marked for resync, as on a full queue (Stats.QueueFull): a
+	// queue of QueueLen messages of up to MaxMessageSize each would
+	// otherwise hold far more memory than the index.
+	QueueBytes int64
 	// EnqueueTimeout is how long the receive loop waits for room in a full
 	// queue before dropping the message and marking its pod for resync;
 	// default 100ms.
@@ -293,6 +300,9 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	}
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = 64 << 20
+	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = max(64<<20, cfg.MaxMessageSize)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -641,6 +651,14 @@ func (r *receiver) drain(ctx context.Context, sock *zmq.Socket) {
 
 func (r *receiver) enqueue(ctx context.Context, m message) {
 	w := r.workers[podHash(m.src.pod)%uint32(len(r.workers))]
+	n := int64(len(m.payload))
+	if w.queued.Add(n) > r.s.cfg.QueueBytes {
+		w.queued.Add(-n)
+		r.s.limited.logf(slog.LevelWarn, "events: worker queue over its byte bound; message dropped, its pod marked for resync", m.src.pod,
+			"seq", m.seq, "bytes", n, "queue_bytes", r.s.cfg.QueueBytes)
+		r.dropped(w, m)
+		return
+	}
 	select {
 	case w.in <- m:
 		w.congested = false
@@ -650,6 +668,7 @@ func (r *receiver) enqueue(ctx context.Context, m message) {
 	if w.congested {
 		// Still full since the last wait ran out: waiting again for every
 		// message would stall the other workers' pods too.
+		w.queued.Add(-n)
 		r.dropped(w, m)
 		return
 	}
@@ -665,6 +684,7 @@ func (r *receiver) enqueue(ctx context.Context, m message) {
 	case <-ctx.Done():
 	case <-r.timer.C:
 	}
+	w.queued.Add(-n)
 	w.congested = true
 	r.s.log.Warn("events: worker queue full; dropping its messages until it drains, their pods marked for resync",
 		"pod", m.src.pod, "seq", m.seq)

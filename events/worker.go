@@ -82,6 +82,9 @@ type worker struct {
 	// congested is the receive loop's: an enqueue to this worker timed out
 	// and none has succeeded since.
 	congested bool
+	// queued is the payload bytes of the messages queued for this worker
+	// and of the one it is applying (Config.QueueBytes).
+	queued atomic.Int64
 
 	resyncMu   sync.Mutex
 	resyncPods map[string]uint64 // pod -> highest dropped sequence number
@@ -104,6 +107,7 @@ func (w *worker) run() {
 				return
 			}
 			w.handle(m)
+			w.queued.Add(-int64(len(m.payload)))
 		case <-w.resyncSig:
 			w.resync()
 		}
