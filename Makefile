@@ -36,3 +36,4 @@ fuzz: deps
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParseSize -fuzztime $(FUZZTIME)

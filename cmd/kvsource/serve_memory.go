@@ -100,16 +100,46 @@ type serveMemoryConfig struct {
 	// IndexMemory bounds the index in bytes; zero leaves the index's
 	// holding budget (index.DefaultMaxHolderBlocks) and no memory limit.
 	IndexMemory int64
+	// EventsMaxMessage bounds one event message in bytes
+	// (events.Config.MaxMessageSize): libzmq drops the connection of a
+	// peer sending more.
+	EventsMaxMessage int64
+	// EventsQueueMemory bounds the bytes queued for each event worker
+	// (events.Config.QueueBytes).
+	EventsQueueMemory int64
 }
+
+const (
+	// serveDefaultEventsMaxMessage is --events-max-message's default: a
+	// batch storing a prompt of a million tokens, token ids included, is
+	// about 5 MB of msgpack.
+	serveDefaultEventsMaxMessage = 16 << 20
+	// serveDefaultEventsQueueMemory is --events-queue-memory's default,
+	// NATS's bound on a connection's pending bytes.
+	serveDefaultEventsQueueMemory = 64 << 20
+)
 
 func (c *serveMemoryConfig) flags(fs *flag.FlagSet) {
 	c.IndexMemory = serveDefaultIndexMemory
+	c.EventsMaxMessage = serveDefaultEventsMaxMessage
+	c.EventsQueueMemory = serveDefaultEventsQueueMemory
 	fs.Var((*serveSize)(&c.IndexMemory), "index-memory", "bound of the index in bytes (e.g. 512MiB, 2GiB), oldest holdings evicted past it; also sets the Go memory limit to 1.25x it plus 128MiB unless GOMEMLIMIT is set (0: a budget of 64Mi holdings, no limit)")
+	fs.Var((*serveSize)(&c.EventsMaxMessage), "events-max-message", "largest event message accepted; a peer sending a larger one is disconnected")
+	fs.Var((*serveSize)(&c.EventsQueueMemory), "events-queue-memory", "bytes of event messages queued per worker; past it messages are dropped and their pods resynced by replay")
 }
 
 func (c *serveMemoryConfig) check() error {
-	if c.IndexMemory < 0 {
-		return fmt.Errorf("--index-memory must not be negative, got %d", c.IndexMemory)
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"--index-memory", c.IndexMemory}, {"--events-max-message", c.EventsMaxMessage}, {"--events-queue-memory", c.EventsQueueMemory}} {
+		if f.v < 0 {
+			return fmt.Errorf("%s must not be negative, got %d", f.name, f.v)
+		}
+	}
+	if c.EventsMaxMessage <= 0 || c.EventsQueueMemory < c.EventsMaxMessage {
+		return fmt.Errorf("--events-queue-memory (%s) must be at least --events-max-message (%s), which must be positive",
+			serveFormatSize(c.EventsQueueMemory), serveFormatSize(c.EventsMaxMessage))
 	}
 	return nil
 }

@@ -64,8 +64,21 @@ func TestServeIndexMemoryFlagSetsTheIndexBudget(t *testing.T) {
 	cfg, err := parseServeFlags(nil, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, int64(2<<30), cfg.IndexMemory)
-	_, err = parseServeFlags([]string{"--index-memory", "lots"}, io.Discard)
-	require.ErrorContains(t, err, `invalid size "lots"`)
+	require.Equal(t, serveMemoryConfig{IndexMemory: 2 << 30, EventsMaxMessage: 16 << 20, EventsQueueMemory: 64 << 20}, cfg.serveMemoryConfig)
+	cfg, err = parseServeFlags([]string{"--events-max-message", "1MiB", "--events-queue-memory", "8MiB"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, serveMemoryConfig{IndexMemory: 2 << 30, EventsMaxMessage: 1 << 20, EventsQueueMemory: 8 << 20}, cfg.serveMemoryConfig)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--index-memory", "lots"}, `invalid size "lots"`},
+		{[]string{"--events-max-message", "0"}, "--events-max-message (0), which must be positive"},
+		{[]string{"--events-max-message", "128MiB"}, "--events-queue-memory (64MiB) must be at least --events-max-message (128MiB)"},
+	} {
+		_, err = parseServeFlags(tc.args, io.Discard)
+		require.ErrorContains(t, err, tc.want, "%v", tc.args)
+	}
 
 	s, _ := startServe(t, "--index-memory", "40MiB")
 	require.Equal(t, int64(40<<20/index.HolderBlockBytes), s.idx.Budget())

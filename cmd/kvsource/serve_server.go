@@ -78,6 +78,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	}
 	s.sub, err = events.NewSubscriber(events.Config{
 		Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log,
+		MaxMessageSize: cfg.EventsMaxMessage, QueueBytes: cfg.EventsQueueMemory,
 	})
 	if err != nil {
 		return nil, err
