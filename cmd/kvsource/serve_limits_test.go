@@ -149,7 +149,9 @@ func TestServeRefusesTooManyTokensAndOversizeBodiesWith413(t *testing.T) {
 }
 
 func TestServeAnswers503WithRetryAfterBeyondTheRequestsInFlight(t *testing.T) {
-	s, base := startServe(t, "--max-inflight-requests", "1")
+	// A timeout the test cannot reach on a loaded machine: the slot is
+	// held by a body that is not finished, not by a deadline.
+	s, base := startServe(t, "--max-inflight-requests", "1", "--request-timeout", "25s")
 	// A request whose body has not finished arriving holds the one slot.
 	pr, pw := io.Pipe()
 	first := make(chan int, 1)
@@ -196,7 +198,8 @@ func TestServeAnswers503WithRetryAfterBeyondTheRequestsInFlight(t *testing.T) {
 
 func TestServeAnswers503AtTheRequestTimeout(t *testing.T) {
 	// Blocks of one token: each of the prompt's 262,144 blocks hashes its
-	// LoRA name and multimodal identifier, 2 GiB of SHA-256 in all.
+	// LoRA name and 16 multimodal identifiers, 68 KiB a block, 17 GiB of
+	// SHA-256 in all: many seconds of work however fast the machine.
 	s, base := startServe(t, "--request-timeout", "1s", "--block-size", "1")
 	t.Run("a body that stalls", func(t *testing.T) {
 		pr, pw := io.Pipe()
@@ -214,14 +217,19 @@ func TestServeAnswers503AtTheRequestTimeout(t *testing.T) {
 		require.Less(t, time.Since(start), 5*time.Second)
 	})
 	t.Run("hashing that takes too long", func(t *testing.T) {
-		body := map[string]any{"model": "m", "tokens": make([]uint32, 1<<18), "lora_name": strings.Repeat("l", serveMaxFieldBytes),
-			"mm_items": []map[string]any{{"id": strings.Repeat("i", serveMaxFieldBytes), "offset": 0, "length": 1 << 18}}}
+		var mm []map[string]any
+		for i := range 16 {
+			mm = append(mm, map[string]any{"id": strings.Repeat(strconv.Itoa(i%10), serveMaxFieldBytes), "offset": 0, "length": 1 << 18})
+		}
+		body := map[string]any{"model": "m", "tokens": make([]uint32, 1<<18), "lora_name": strings.Repeat("l", serveMaxFieldBytes), "mm_items": mm}
 		for _, path := range []string{"/v1/score", "/v1/pick"} {
 			if path == "/v1/pick" {
 				body["destination"] = "p:1"
 			}
+			data, err := json.Marshal(body)
+			require.NoError(t, err)
 			start := time.Now()
-			code, msg := serveCall(t, "POST", base+path, body)
+			code, msg := serveCall(t, "POST", base+path, string(data))
 			require.Less(t, time.Since(start), 5*time.Second)
 			require.Equal(t, http.StatusServiceUnavailable, code, "%s", msg)
 			require.Contains(t, string(msg), "request timeout")
