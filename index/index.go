@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v4"
 )
@@ -16,11 +17,16 @@ const DefaultMaxHolderBlocks = 64 << 20
 
 // HolderBlockBytes is what one (block, tier) holding costs the index in
 // memory at worst in steady state, a holder that keeps replacing its
-// blocks (BenchmarkMemory/steady): its table slot at the occupancy a
-// rebuild leaves, slots of removed blocks not yet rebuilt away, and its
-// eviction-queue entry. Config.MemoryBytes is turned into a holding budget
-// with it, so it must follow the table layout (see memoryBudget).
-const HolderBlockBytes = 40
+// blocks (BenchmarkMemory/steady: 39-42 bytes): its table slot at the
+// occupancy a rebuild after removals leaves (churnNum/loadDen), and its
+// eviction-queue entry 2.5 times over, as the queue keeps entries of
+// removed blocks until they outnumber the live ones, in slices grown by
+// append. It is computed from the layout, so that it follows it;
+// Config.MemoryBytes is turned into a holding budget with it (see
+// memoryBudget), and TestMemoryBytesBoundsTheLiveHeapAtTheCap checks it
+// against the heap.
+const HolderBlockBytes = int64(unsafe.Sizeof(slot{}))*loadDen/churnNum +
+	5*int64(unsafe.Sizeof(holderState{}.fifoSlot[0])+unsafe.Sizeof(holderState{}.fifoTier[0]))/2
 
 // memoryBudget is the holding budget of a memory budget in bytes: the one
 // place a byte budget maps onto holdings.
