@@ -82,6 +82,13 @@ type Config struct {
 	// of a pod's messages kept behind the pod's running replay; default
 	// 4096.
 	QueueLen int
+	// QueueBytes bounds the payload bytes handed to each worker and not yet
+	// applied, those kept behind a replay included; default 64 MiB. A
+	// message that would pass it is dropped at once and its pod marked for
+	// resync, as on a full queue (Stats.QueueFull): QueueLen messages of a
+	// transport's largest size would otherwise hold far more memory than
+	// the index. Set it at least to the transport's largest message.
+	QueueBytes int64
 	// EnqueueTimeout is how long Handle waits for room in a full queue
 	// before dropping the message and marking its pod for resync; default
 	// 100ms.
@@ -230,6 +237,9 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = 64 << 20
+	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 4096
 	}
@@ -321,6 +331,14 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 	}
 	msg.ps.handed.Add(1)
 	w := p.workers[podHash(m.Pod)%uint32(len(p.workers))]
+	// The worker releases the bytes when it closes the message, however
+	// that ends.
+	if n := int64(len(m.Payload)); w.queued.Add(n) > p.cfg.QueueBytes {
+		p.limited.logf(slog.LevelWarn, "events: worker queue over its byte bound; message dropped, its pod marked for resync", m.Pod,
+			"seq", m.Seq, "bytes", n, "queue_bytes", p.cfg.QueueBytes)
+		w.dropped(msg)
+		return
+	}
 	select {
 	case w.in <- msg:
 		w.congested.Store(false)

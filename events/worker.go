@@ -116,6 +116,11 @@ type worker struct {
 	finished chan string         // pods whose off-worker replay ended
 	inflight int                 // off-worker replays running
 
+	// queued is the payload bytes of the messages handed to this worker
+	// and not yet closed, those waiting behind a replay included
+	// (Config.QueueBytes); shared with its off-worker replays.
+	queued *atomic.Int64
+
 	resyncMu   sync.Mutex
 	resyncPods map[string]uint64 // pod -> highest dropped sequence number
 	resyncSig  chan struct{}
@@ -124,7 +129,7 @@ type worker struct {
 func newWorker(p *Processor) *worker {
 	return &worker{
 		p: p, in: make(chan message, p.cfg.QueueLen), holders: map[index.Holder]*holder{},
-		dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder(),
+		queued: new(atomic.Int64), dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder(),
 		busy: map[string]*pending{}, finished: make(chan string),
 		resyncPods: map[string]uint64{}, resyncSig: make(chan struct{}, 1),
 	}
@@ -133,7 +138,7 @@ func newWorker(p *Processor) *worker {
 // offWorker returns a worker value with buffers of its own for a replay
 // running on another goroutine.
 func (w *worker) offWorker() *worker {
-	return &worker{p: w.p, dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder()}
+	return &worker{p: w.p, queued: w.queued, dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder()}
 }
 
 func (w *worker) run() {
@@ -204,6 +209,7 @@ func (w *worker) resume(pod string) {
 
 // closeMessage records that m was handled, for Sync.
 func (w *worker) closeMessage(m message) {
+	w.queued.Add(-int64(len(m.Payload)))
 	if m.ps != nil {
 		m.ps.closed.Add(1)
 	}

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -278,13 +279,24 @@ func podHost(pod string) string {
 //
 // Pick allocates only the decision's Missing keys.
 func (p *Picker) Pick(req Request) (Decision, error) {
+	return p.PickContext(context.Background(), req)
+}
+
+// PickContext is Pick that stops when ctx is done: between blocks while
+// hashing the prompt, before the lookup and between the holders it
+// weighs, returning an error that wraps ctx's and no decision.
+func (p *Picker) PickContext(ctx context.Context, req Request) (Decision, error) {
 	if req.Destination.Pod == "" {
 		return Decision{}, ErrNoDestination
 	}
 	s := p.getScratch()
 	defer p.putScratch(s)
-	keys, err := p.keys(&req, s)
+	keys, err := p.keys(ctx, &req, s)
 	if err != nil {
+		return Decision{}, err
+	}
+	done := ctx.Done()
+	if err := stopped(ctx, done, "before the lookup"); err != nil {
 		return Decision{}, err
 	}
 	d := Decision{Destination: req.Destination, Blocks: len(keys), BlockSize: p.blockSize, p2pPort: p.p2pPort}
@@ -304,6 +316,9 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	for _, h := range s.hold {
 		if h == req.Destination {
 			continue
+		}
+		if err := stopped(ctx, done, "weighing sources"); err != nil {
+			return Decision{}, err
 		}
 		c, ok := candidate(req.Candidates, h)
 		if !ok {

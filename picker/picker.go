@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -267,7 +268,8 @@ func New(cfg Config) (*Picker, error) {
 func (p *Picker) BlockSize() int { return p.blockSize }
 
 // keys returns req's block keys, hashing its prompt into s when needed.
-func (p *Picker) keys(req *Request, s *scratch) ([]uint64, error) {
+// Hashing stops when ctx is done, with an error wrapping ctx's.
+func (p *Picker) keys(ctx context.Context, req *Request, s *scratch) ([]uint64, error) {
 	if req.Keys != nil {
 		return req.Keys, nil
 	}
@@ -275,11 +277,28 @@ func (p *Picker) keys(req *Request, s *scratch) ([]uint64, error) {
 		return nil, ErrNoKeys
 	}
 	var err error
-	s.keys, err = p.hasher.BlockKeys(s.keys, req.Prompt)
-	if err != nil {
+	s.keys, err = p.hasher.BlockKeysContext(ctx, s.keys, req.Prompt)
+	switch {
+	case errors.Is(err, hashing.ErrStopped):
+		return nil, fmt.Errorf("picker: %w", err)
+	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrHash, err)
 	}
 	return s.keys, nil
+}
+
+// stopped returns ctx's error, wrapped, when done is closed; done is
+// ctx.Done(), nil for a context that is never done.
+func stopped(ctx context.Context, done <-chan struct{}, stage string) error {
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return fmt.Errorf("picker: stopped %s: %w", stage, context.Cause(ctx))
+	default:
+		return nil
+	}
 }
 
 // noHolder is the reason for a prompt no allowed holder has a block of:

@@ -35,13 +35,17 @@ import (
 //	GET  /metrics   Prometheus; GET /healthz
 //
 // A candidate without "dp_rank" stands for every rank of its pod. Errors
-// are {"error"}: 400 for a bad request, 405 for another method, 404 for an
-// unknown path and for /v1/score of a model the index knows no holder of
-// while it knows others, which /v1/pick answers with reason
-// "unknown_model". SIGINT or SIGTERM shuts down gracefully,
-// saving the --snapshot file, which start-up loads. A holder loaded from the
-// snapshot is listed "stale" in /v1/pods, with its saved last_seq, until its
-// pod publishes again; if it never does, each shutdown saves it again with
+// are {"error"}: 400 for a bad request (identifiers are at most 4 KiB), 405
+// for another method, 404 for an unknown path and for /v1/score of a model
+// the index knows no holder of while it knows others, which /v1/pick answers
+// with reason "unknown_model", 413 for more tokens than --max-tokens or a
+// body over its limit, 503 with Retry-After beyond --max-inflight-requests
+// or past --request-timeout (see serve_limits.go). SIGINT or SIGTERM shuts
+// down gracefully, saving the --snapshot file, which start-up loads; it is
+// also saved every --snapshot-interval, so a crash loses at most that (see
+// serve_snapshot.go). A holder loaded from the snapshot is listed "stale" in
+// /v1/pods, with its saved last_seq, until its pod publishes again; if it
+// never does, each save writes it again with
 // that last_seq, so it stays, stale, across restarts (see saveSnapshot).
 
 func init() {
@@ -90,6 +94,9 @@ type serveConfig struct {
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// NATS is the scale-out role (serve_nats.go); zero: standalone.
 	NATS serveNATSConfig
+	serveLimits
+	serveSnapshotConfig
+	serveMemoryConfig
 }
 
 type serveStringList []string
@@ -160,7 +167,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&cfg.MinCachedTokenDelta, "min-cached-token-delta", picker.DefaultMinCachedTokenDelta, "smallest gain, in tokens, worth a pull")
 	fs.IntVar(&cfg.P2PPort, "p2p-port", picker.DefaultP2PPort, "the engines' base P2P port (VLLM_P2P_SIDE_CHANNEL_PORT); rank r listens on it plus r")
 	fs.DurationVar(&cfg.InflightTTL, "inflight-ttl", picker.DefaultInflightTTL, "how long a pull counts against its source")
-	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved at shutdown")
+	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved every --snapshot-interval and at shutdown")
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.DurationVar(&cfg.ReplayDeadline, "replay-deadline", 10*time.Second, "how long one pod's gap replay from its engine may take in all, every round included, before the gap counts as lost")
@@ -168,6 +175,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	cfg.NATS.register(fs)
+	cfg.serveLimits.flags(fs)
+	cfg.serveSnapshotConfig.flags(fs)
+	cfg.serveMemoryConfig.flags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]...")
 		fmt.Fprintln(stderr, "                      [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]]...")
@@ -213,6 +223,15 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 			return cfg, fmt.Errorf("%s must be positive, got %v", d.name, d.v)
 		}
 	}
+	if err := cfg.serveLimits.check(cfg.WriteTimeout); err != nil {
+		return cfg, err
+	}
+	if err := cfg.serveSnapshotConfig.check(); err != nil {
+		return cfg, err
+	}
+	if err := cfg.serveMemoryConfig.check(); err != nil {
+		return cfg, err
+	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	cfg.Seed, cfg.SeedSet = seed.value, seed.set
 	if err := cfg.NATS.check(&cfg); err != nil {
@@ -236,6 +255,7 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	serveApplyMemoryLimit(cfg.IndexMemory, log)
 	s, err := newServeService(cfg, log)
 	if err != nil {
 		log.Error("kvsource serve: start-up failed", "err", err)

@@ -182,15 +182,6 @@ func (n *serveNATS) healthy() error {
 	return n.replica.Healthy()
 }
 
-func (s *serveService) serveHealthz(w http.ResponseWriter, _ *http.Request) error {
-	if err := s.nats.healthy(); err != nil {
-		serveWriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "error": err.Error()})
-		return nil
-	}
-	serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	return nil
-}
-
 // handleReplicaPods is a replica's /v1/pods: the holders its index has,
 // their in-flight pulls fleet-wide, and the replica's progress.
 func (s *serveService) handleReplicaPods(w http.ResponseWriter, _ *http.Request) {
