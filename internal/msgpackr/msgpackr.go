@@ -138,7 +138,7 @@ func (r *Reader) typeError(want string) error {
 		return fmt.Errorf("msgpack: no value left, want %s: %w", want, io.ErrUnexpectedEOF)
 	}
 	c := r.b[r.i]
-	return fmt.Errorf("%w: not a %s (code 0x%02x, a %s)", ErrType, want, c, KindOf(c))
+	return fmt.Errorf("%w: not %s (code 0x%02x: %s)", ErrType, want, c, KindOf(c))
 }
 
 func truncated(what string) error {
@@ -169,7 +169,7 @@ func (r *Reader) header(n int, what string) (uint64, error) {
 // each element takes one byte or more.
 func (r *Reader) ArrayLen() (int, error) {
 	if r.i >= len(r.b) {
-		return 0, r.typeError("array")
+		return 0, r.typeError("an array")
 	}
 	var n uint64
 	var err error
@@ -182,7 +182,7 @@ func (r *Reader) ArrayLen() (int, error) {
 	case c == 0xdd:
 		n, err = r.header(4, "array")
 	default:
-		return 0, r.typeError("array")
+		return 0, r.typeError("an array")
 	}
 	if err != nil {
 		return 0, err
@@ -197,7 +197,7 @@ func (r *Reader) ArrayLen() (int, error) {
 // each entry takes two bytes or more.
 func (r *Reader) MapLen() (int, error) {
 	if r.i >= len(r.b) {
-		return 0, r.typeError("map")
+		return 0, r.typeError("a map")
 	}
 	var n uint64
 	var err error
@@ -210,7 +210,7 @@ func (r *Reader) MapLen() (int, error) {
 	case c == 0xdf:
 		n, err = r.header(4, "map")
 	default:
-		return 0, r.typeError("map")
+		return 0, r.typeError("a map")
 	}
 	if err != nil {
 		return 0, err
@@ -235,7 +235,7 @@ func (r *Reader) body(n uint64, what string) ([]byte, error) {
 // Str reads a str value; the bytes alias the input.
 func (r *Reader) Str() ([]byte, error) {
 	if r.i >= len(r.b) {
-		return nil, r.typeError("str")
+		return nil, r.typeError("a str")
 	}
 	var n uint64
 	var err error
@@ -250,7 +250,7 @@ func (r *Reader) Str() ([]byte, error) {
 	case c == 0xdb:
 		n, err = r.header(4, "str")
 	default:
-		return nil, r.typeError("str")
+		return nil, r.typeError("a str")
 	}
 	if err != nil {
 		return nil, err
@@ -261,7 +261,7 @@ func (r *Reader) Str() ([]byte, error) {
 // Bin reads a bin value; the bytes alias the input.
 func (r *Reader) Bin() ([]byte, error) {
 	if r.i >= len(r.b) {
-		return nil, r.typeError("bin")
+		return nil, r.typeError("a bin")
 	}
 	var n uint64
 	var err error
@@ -273,7 +273,7 @@ func (r *Reader) Bin() ([]byte, error) {
 	case 0xc6:
 		n, err = r.header(4, "bin")
 	default:
-		return nil, r.typeError("bin")
+		return nil, r.typeError("a bin")
 	}
 	if err != nil {
 		return nil, err
@@ -291,7 +291,7 @@ func (r *Reader) Bytes() ([]byte, error) {
 			return r.Str()
 		}
 	}
-	return nil, r.typeError("str or bin")
+	return nil, r.typeError("a str or bin")
 }
 
 // Bool reads a bool.
@@ -306,7 +306,7 @@ func (r *Reader) Bool() (bool, error) {
 			return false, nil
 		}
 	}
-	return false, r.typeError("bool")
+	return false, r.typeError("a bool")
 }
 
 // intSize is the number of bytes after an integer code, and whether the
@@ -345,7 +345,7 @@ func (r *Reader) Uint() (uint64, error) {
 
 func (r *Reader) uintSlow() (uint64, error) {
 	if r.i >= len(r.b) {
-		return 0, r.typeError("integer")
+		return 0, r.typeError("an integer")
 	}
 	c := r.b[r.i]
 	if c >= 0xe0 {
@@ -353,7 +353,7 @@ func (r *Reader) uintSlow() (uint64, error) {
 	}
 	n, signed := intSize(c)
 	if n < 0 {
-		return 0, r.typeError("integer")
+		return 0, r.typeError("an integer")
 	}
 	if r.Len() < 1+n {
 		return 0, truncated("integer")
@@ -374,7 +374,7 @@ func signExtend(v uint64, n int) int64 {
 // Int reads an integer in any encoding that fits an int64.
 func (r *Reader) Int() (int64, error) {
 	if r.i >= len(r.b) {
-		return 0, r.typeError("integer")
+		return 0, r.typeError("an integer")
 	}
 	c := r.b[r.i]
 	if c <= 0x7f || c >= 0xe0 {
@@ -383,7 +383,7 @@ func (r *Reader) Int() (int64, error) {
 	}
 	n, signed := intSize(c)
 	if n < 0 {
-		return 0, r.typeError("integer")
+		return 0, r.typeError("an integer")
 	}
 	if r.Len() < 1+n {
 		return 0, truncated("integer")
@@ -402,7 +402,7 @@ func (r *Reader) Int() (int64, error) {
 // Float reads a float32, a float64 or an integer as a float64.
 func (r *Reader) Float() (float64, error) {
 	if r.i >= len(r.b) {
-		return 0, r.typeError("number")
+		return 0, r.typeError("a number")
 	}
 	switch r.b[r.i] {
 	case Float32:
@@ -421,7 +421,7 @@ func (r *Reader) Float() (float64, error) {
 		return v, nil
 	}
 	if KindOf(r.b[r.i]) != KindInt {
-		return 0, r.typeError("number")
+		return 0, r.typeError("a number")
 	}
 	if r.b[r.i] == Uint64 {
 		u, err := r.Uint()
@@ -473,10 +473,13 @@ func (r *Reader) Uint32s(dst []uint32) error {
 	return nil
 }
 
-// Uint64s reads len(dst) non-negative integers into dst: the elements of an
-// array whose header was read. uint64 encodings, which Python gives
-// integers of 2^56 and above (hashes), are decoded inline.
-func (r *Reader) Uint64s(dst []uint64) error {
+// Uint64s reads non-negative integers into dst, the elements of an array
+// whose header was read, until dst is full or a value is not one. It
+// returns how many it read; on an error the reader stands at the value
+// refused, so a caller that takes other types too can read it and carry
+// on. uint64 encodings, which Python gives integers of 2^56 and above
+// (hashes), are decoded inline.
+func (r *Reader) Uint64s(dst []uint64) (int, error) {
 	for j := range dst {
 		if r.i+9 <= len(r.b) && r.b[r.i] == Uint64 {
 			dst[j] = binary.BigEndian.Uint64(r.b[r.i+1:])
@@ -485,11 +488,11 @@ func (r *Reader) Uint64s(dst []uint64) error {
 		}
 		v, err := r.Uint()
 		if err != nil {
-			return err
+			return j, err
 		}
 		dst[j] = v
 	}
-	return nil
+	return len(dst), nil
 }
 
 // Skip reads one value of any type, in place. maxDepth bounds the arrays

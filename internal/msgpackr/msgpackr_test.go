@@ -259,7 +259,7 @@ func TestReaderRefusesWhatItIsNotAskedFor(t *testing.T) {
 		{"float of a str", []byte{0xa0}, func(r *Reader) error { _, err := r.Float(); return err }, ErrType},
 		{"bool of nil", []byte{0xc0}, func(r *Reader) error { _, err := r.Bool(); return err }, ErrType},
 		{"uint32s beyond 32 bits", []byte{0xcf, 0, 0, 0, 1, 0, 0, 0, 0}, func(r *Reader) error { return r.Uint32s(make([]uint32, 1)) }, ErrRange},
-		{"uint64s of a negative", []byte{0x01, 0xff}, func(r *Reader) error { return r.Uint64s(make([]uint64, 2)) }, ErrRange},
+		{"uint64s of a negative", []byte{0x01, 0xff}, func(r *Reader) error { _, err := r.Uint64s(make([]uint64, 2)); return err }, ErrRange},
 		{"skip of the unused code", []byte{0xc1}, func(r *Reader) error { return r.Skip(8) }, ErrType},
 		{"skip deeper than allowed", []byte{0x91, 0x91, 0x90}, func(r *Reader) error { return r.Skip(2) }, ErrDepth},
 		{"skip of an extension longer than the input", []byte{0xc9, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00}, func(r *Reader) error { return r.Skip(0) }, io.ErrUnexpectedEOF},
@@ -286,9 +286,11 @@ func TestReaderReadsIntegersOfEveryWidthIntoSlices(t *testing.T) {
 	want = append(want, 5, 7)
 	var r Reader
 	r.Reset(data)
-	got := make([]uint64, len(want))
-	require.NoError(t, r.Uint64s(got))
-	require.Equal(t, want, got)
+	got := make([]uint64, len(want)+1)
+	n, err := r.Uint64s(got)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	require.Equal(t, len(want), n, "read up to the end of the input")
+	require.Equal(t, want, got[:n])
 	require.Zero(t, r.Len())
 
 	r.Reset(data)
