@@ -180,19 +180,21 @@ func TestInteropWithVLLMPublisherModel(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			port := testenv.FreePort(t)
 			tee := eventstest.NewTeeSink()
 			sink := tee.Rec
 			cfg := SubscriberConfig{Events: events.Config{Sink: tee}, TopicPrefix: "kv@"}
 			args := append([]string{"--topic", topic}, tc.args...)
+			var s *Subscriber
 			if tc.bind {
-				cfg.Bind = []string{localEP(port)}
-				args = append(args, "--endpoint", localEP(port))
+				// Port 0: a port picked free beforehand may be taken by
+				// then, as the local end of another test's connection.
+				cfg.Bind = []string{localEP(0)}
+				s = startSubscriber(t, cfg)
+				args = append(args, "--endpoint", s.Addrs()[0])
 			} else {
+				port := testenv.FreePort(t)
 				args = append(args, "--endpoint", anyEP(port))
-			}
-			s := startSubscriber(t, cfg)
-			if !tc.bind {
+				s = startSubscriber(t, cfg)
 				require.NoError(t, s.AddPod(h.Pod, localEP(port), ""))
 			}
 			pub := startPyPublisher(t, args...)
@@ -302,12 +304,11 @@ func TestInteropHashMismatchIsReportedOnlyForAnotherSeed(t *testing.T) {
 			t.Parallel()
 			router, err := hashing.New(tc.cfg)
 			require.NoError(t, err)
-			port := testenv.FreePort(t)
 			sink := eventstest.NewRecSink()
 			var logs testenv.SyncBuffer
-			s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Hasher: router, Logger: testenv.TextLogger(&logs)}, Bind: []string{localEP(port)}})
+			s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Hasher: router, Logger: testenv.TextLogger(&logs)}, Bind: []string{localEP(0)}})
 			h := index.Holder{Pod: "pod"}
-			pub := startPyPublisher(t, "--topic", "kv@pod@m", "--endpoint", localEP(port))
+			pub := startPyPublisher(t, "--topic", "kv@pod@m", "--endpoint", s.Addrs()[0])
 			first := pub.handshake(s, h)
 			pub.send(batches...)
 			pub.wait()
