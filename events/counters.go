@@ -1,6 +1,10 @@
 package events
 
-import "sync/atomic"
+import (
+	"encoding/json"
+	"strconv"
+	"sync/atomic"
+)
 
 // counter identifies one of the processor's counters.
 type counter int
@@ -96,4 +100,29 @@ var Counters = []Counter{
 	{"holder_limit", "Messages dropped because their new holder would pass the holder limit.", func(s *Stats) *uint64 { return &s.HolderLimit }, nil, cHolderLimit},
 	{"chunked_offload", "Offload-tier events whose block size differs from the GPU tier's: their CPU-tier lookups undercount.", func(s *Stats) *uint64 { return &s.ChunkedOffload },
 		func(h *HolderStatus) *uint64 { return &h.ChunkedOffload }, cChunkedOffload},
+}
+
+// MarshalJSON renders a holder's status with its counters named as in
+// Counters, in the table's order.
+func (s HolderStatus) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(struct {
+		Pod     string `json:"pod"`
+		Model   string `json:"model"`
+		Rank    int    `json:"dp_rank"`
+		LastSeq uint64 `json:"last_seq"`
+		State   string `json:"state"`
+	}{s.Pod, s.Model, s.Rank, s.LastSeq, s.State})
+	if err != nil {
+		return nil, err
+	}
+	b = b[:len(b)-1]
+	for _, c := range Counters {
+		if c.Holder != nil {
+			b = append(b, ',')
+			b = strconv.AppendQuote(b, c.Name)
+			b = append(b, ':')
+			b = strconv.AppendUint(b, *c.Holder(&s), 10)
+		}
+	}
+	return append(b, '}'), nil
 }

@@ -567,29 +567,29 @@ type Stats struct {
 
 // HolderStatus is the state of one holder's event stream.
 type HolderStatus struct {
-	Pod     string `json:"pod"`
-	Model   string `json:"model"`
-	Rank    int    `json:"dp_rank"`
-	LastSeq uint64 `json:"last_seq"`
+	Pod     string
+	Model   string
+	Rank    int
+	LastSeq uint64
 	// Gaps counts forward sequence jumps, Replays replay requests answered
 	// in full, Unrecovered the lost ranges the GapPolicy handled.
-	Gaps           uint64 `json:"gaps"`
-	Replays        uint64 `json:"replays"`
-	Unrecovered    uint64 `json:"unrecovered"`
-	Restarts       uint64 `json:"restarts"`
-	DecodeErrors   uint64 `json:"decode_errors"`
-	HashChecks     uint64 `json:"hash_checks"`
-	HashMismatches uint64 `json:"hash_mismatches"`
+	Gaps           uint64
+	Replays        uint64
+	Unrecovered    uint64
+	Restarts       uint64
+	DecodeErrors   uint64
+	HashChecks     uint64
+	HashMismatches uint64
 	// ChunkedOffload counts the holder's offload-tier BlockStored events
 	// whose block size differs from its GPU tier's (Stats.ChunkedOffload).
-	ChunkedOffload uint64 `json:"chunked_offload"`
+	ChunkedOffload uint64
 	// Tokenless counts the holder's content-mode BlockStored events that
 	// could not be resolved for want of token ids (Stats.Tokenless).
-	Tokenless uint64 `json:"tokenless_events"`
+	Tokenless uint64
 	// State is "live", or "stale" while the holder's entries may include
 	// blocks the engine no longer has (GapKeep after an unrecovered gap, or
 	// a dropped message not yet resolved).
-	State string `json:"state"`
+	State string
 }
 
 // Holder returns the status's holder.

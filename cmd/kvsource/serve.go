@@ -30,8 +30,9 @@ import (
 //	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params",
 //	                    "predicted_saving_ms" (with --calibration), ...}
 //	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight
-//	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "gaps", "replays", "decode_errors",
-//	                 "hash_mismatches", "tokenless_events", "state", "inflight_pulls"}]}
+//	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "state", "inflight_pulls",
+//	                 and each per-holder counter of events.Counters: "gaps", "replays", "decode_errors",
+//	                 "hash_mismatches", ...}]}
 //	GET  /metrics   Prometheus; GET /healthz
 //
 // A candidate without "dp_rank" stands for every rank of its pod. Errors

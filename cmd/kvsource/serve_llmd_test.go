@@ -64,7 +64,7 @@ func TestServeContentKeysMatchLLMDSimulator(t *testing.T) {
 			for _, p := range servePods(t, base) {
 				require.Equal(t, model, p.Model)
 				require.Equal(t, "live", p.State)
-				require.Zero(t, p.DecodeErrors)
+				require.Zero(t, p.Counters["decode_errors"])
 			}
 
 			code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": prompt})
@@ -130,7 +130,7 @@ func TestServeEngineKeysFromLLMDSimulatorAreReportedAsAMismatch(t *testing.T) {
 	p := startSimPods(t, base, bind, model, llmdsim.Array, 16, "10.0.2.1:8000")[0]
 	p.sim.Store(simTokens(4*16, 3), 0)
 	p.flush(t)
-	require.Eventually(t, func() bool { return servePods(t, base)[p.holder].HashMismatches > 0 },
+	require.Eventually(t, func() bool { return servePods(t, base)[p.holder].Counters["hash_mismatches"] > 0 },
 		10*time.Second, 20*time.Millisecond, "the agreement check never ran on parent-0 events")
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "--keys content") }, 5*time.Second, 10*time.Millisecond)
 	require.Contains(t, logs.String(), "pod="+p.holder.Pod)

@@ -249,8 +249,8 @@ func TestServeLLMDP2PGuideSettings(t *testing.T) {
 	awaitHoldings(t, base, pods, want)
 	for hd, p := range servePods(t, base) {
 		require.Equal(t, model, p.Model, hd.Pod)
-		require.Zero(t, p.HashMismatches, "%s: --seed 0 --block-size 64 hashes as the guide's engines do", hd.Pod)
-		require.Zero(t, p.ChunkedOffload, hd.Pod)
+		require.Zero(t, p.Counters["hash_mismatches"], "%s: --seed 0 --block-size 64 hashes as the guide's engines do", hd.Pod)
+		require.Zero(t, p.Counters["chunked_offload"], hd.Pod)
 	}
 
 	// Every block-0 event was checked (A's GPU and CPU, B's, C's).
@@ -346,7 +346,7 @@ func TestServeEmptyTopicTakesTheModelFromTheFlag(t *testing.T) {
 	listed := servePods(t, base)
 	require.Len(t, listed, 1, "the pod without a model is not indexed under an empty one")
 	require.Equal(t, model, listed[a].Model)
-	require.Zero(t, listed[a].HashMismatches)
+	require.Zero(t, listed[a].Counters["hash_mismatches"])
 
 	code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens})
 	require.Equal(t, http.StatusOK, code, "%s", body)

@@ -127,7 +127,7 @@ func runReplayLoss(t testing.TB) replayLossResult {
 	require.Eventually(t, func() bool {
 		st, ok := replayLossPod(t, base, pod)
 		res.blocks = st.Blocks[index.TierGPU]
-		return ok && (res.recovered() || (st.LastSeq == uint64(next-1) && st.Gaps > 0 && res.blocks < res.want && p.Served() > 0))
+		return ok && (res.recovered() || (st.LastSeq == uint64(next-1) && st.Counters["gaps"] > 0 && res.blocks < res.want && p.Served() > 0))
 	}, 60*time.Second, 20*time.Millisecond, "the replay never ended")
 	res.elapsed, res.dropped, res.requests = time.Since(start), p.Dropped(), p.Served()
 	return res

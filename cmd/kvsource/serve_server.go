@@ -651,19 +651,43 @@ func servePickerError(err error) error {
 }
 
 type servePodJSON struct {
-	Pod             string         `json:"pod"`
-	Model           string         `json:"model"`
-	DPRank          int            `json:"dp_rank"`
-	Blocks          map[string]int `json:"blocks"`
-	LastSeq         uint64         `json:"last_seq"`
-	Gaps            uint64         `json:"gaps"`
-	Replays         uint64         `json:"replays"`
-	DecodeErrors    uint64         `json:"decode_errors"`
-	HashMismatches  uint64         `json:"hash_mismatches"`
-	ChunkedOffload  uint64         `json:"chunked_offload"`
-	TokenlessEvents uint64         `json:"tokenless_events"`
-	State           string         `json:"state"`
-	InflightPulls   int            `json:"inflight_pulls"`
+	Pod           string         `json:"pod"`
+	Model         string         `json:"model"`
+	DPRank        int            `json:"dp_rank"`
+	Blocks        map[string]int `json:"blocks"`
+	LastSeq       uint64         `json:"last_seq"`
+	State         string         `json:"state"`
+	InflightPulls int            `json:"inflight_pulls"`
+	// Counters are the holder's counters of events.Counters, by name; they
+	// are rendered as fields of the pod beside the ones above.
+	Counters map[string]uint64 `json:"-"`
+}
+
+// serveHolderCounters returns st's per-holder counters by their
+// events.Counters names.
+func serveHolderCounters(st *events.HolderStatus) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, c := range events.Counters {
+		if c.Holder != nil {
+			m[c.Name] = *c.Holder(st)
+		}
+	}
+	return m
+}
+
+// MarshalJSON renders the pod's fields and its counters as one object.
+func (p servePodJSON) MarshalJSON() ([]byte, error) {
+	type fields servePodJSON // without this method
+	b, err := json.Marshal(fields(p))
+	if err != nil || len(p.Counters) == 0 {
+		return b, err
+	}
+	c, err := json.Marshal(p.Counters)
+	if err != nil {
+		return nil, err
+	}
+	// {"pod":...} and {"gaps":...} become {"pod":...,"gaps":...}.
+	return append(append(b[:len(b)-1], ','), c[1:]...), nil
 }
 
 // handlePods lists every holder the subscriber knows, and every holder the
@@ -679,13 +703,12 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 	pods := []servePodJSON{}
 	for _, st := range status {
 		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: s.holderBlocks(st.Model, st.Holder()),
-			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
-			HashMismatches: st.HashMismatches, ChunkedOffload: st.ChunkedOffload, TokenlessEvents: st.Tokenless, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
+			LastSeq: st.LastSeq, State: st.State, InflightPulls: s.pk.Inflight(st.Holder()), Counters: serveHolderCounters(&st)})
 	}
 	for _, hm := range serveUnseen(list, status) {
 		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
 			Blocks: s.holderBlocks(hm.Model, hm.Holder), LastSeq: s.snapSeqs[hm.Holder], State: "stale",
-			InflightPulls: s.pk.Inflight(hm.Holder)})
+			InflightPulls: s.pk.Inflight(hm.Holder), Counters: serveHolderCounters(&events.HolderStatus{})})
 	}
 	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
 		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})

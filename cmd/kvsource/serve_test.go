@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -66,6 +68,43 @@ func serveCall(t *testing.T, method, url string, body any) (int, []byte) {
 	out, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, out
+}
+
+// UnmarshalJSON reads a pod of /v1/pods: the fields it names, and every
+// other field into Counters, so that tests see what the service rendered.
+func (p *servePodJSON) UnmarshalJSON(b []byte) error {
+	type fields servePodJSON // without this method
+	if err := json.Unmarshal(b, (*fields)(p)); err != nil {
+		return err
+	}
+	var all map[string]json.RawMessage
+	if err := json.Unmarshal(b, &all); err != nil {
+		return err
+	}
+	for _, known := range []string{"pod", "model", "dp_rank", "blocks", "last_seq", "state", "inflight_pulls"} {
+		delete(all, known)
+	}
+	p.Counters = map[string]uint64{}
+	for name, raw := range all {
+		var v uint64
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("pod field %q: %w", name, err)
+		}
+		p.Counters[name] = v
+	}
+	return nil
+}
+
+// zeroHolderCounters is what /v1/pods shows of a holder that counted
+// nothing: each per-holder counter of events.Counters at zero.
+func zeroHolderCounters() map[string]uint64 {
+	m := map[string]uint64{}
+	for _, c := range events.Counters {
+		if c.Holder != nil {
+			m[c.Name] = 0
+		}
+	}
+	return m
 }
 
 func TestServeParsesFlags(t *testing.T) {
