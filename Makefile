@@ -33,7 +33,12 @@ fuzz: deps
 	$(GO) test ./hashing -run '^$$' -fuzz FuzzCBOR -fuzztime $(FUZZTIME)
 	$(GO) test ./events -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./transfer/p2p -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/msgpackr -run '^$$' -fuzz FuzzReader -fuzztime $(FUZZTIME)
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
+	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzEscapeToken -fuzztime $(FUZZTIME)
+	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseBatch -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzUnmarshal -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
+	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParseSize -fuzztime $(FUZZTIME)

@@ -46,7 +46,7 @@ func (m *contentMap) reset() {
 // storeContent applies a BlockStored in content-key mode: keys are computed
 // from the event's tokens, chained on the parent's content key, and
 // remembered for later events that name the blocks by engine key only.
-func (w *worker) storeContent(h *holder, e *Event) {
+func (w *worker) storeContent(h *holder, e *Event, seq uint64) {
 	n := len(e.BlockHashes)
 	if n == 0 {
 		return
@@ -67,6 +67,13 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	}
 	if len(e.TokenIDs) == 0 {
 		keys := w.resolvePrefix(h, e.BlockHashes)
+		if len(keys) < n {
+			w.p.c[cTokenless].Add(1)
+			h.c[cTokenless].Add(1)
+			w.p.limited.logf(slog.LevelWarn, "events: content-key mode cannot resolve a BlockStored without token ids; "+
+				"its blocks are left out (vLLM sends tokens with self-describing events, e.g. the offloading connector's self_describing_kv_events)",
+				h.id.Pod, "rank", h.id.Rank, "seq", seq, "blocks", n, "resolved", len(keys))
+		}
 		if len(keys) > 0 {
 			w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: keys})
 		}

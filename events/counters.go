@@ -1,6 +1,10 @@
 package events
 
-import "sync/atomic"
+import (
+	"encoding/json"
+	"strconv"
+	"sync/atomic"
+)
 
 // counter identifies one of the processor's counters.
 type counter int
@@ -18,6 +22,8 @@ const (
 	cReplayErrors
 	cReplayTimeouts
 	cReplayed
+	cReplayRounds
+	cReplayRecovered
 	cUnrecovered
 	cRestarts
 	cDups
@@ -25,6 +31,11 @@ const (
 	cHashChecks
 	cHashMismatches
 	cUnresolved
+	cTokenless
+	cEmptyTopic
+	cUnknownTopic
+	cNoModel
+	cZeroParents
 	cEvicted
 	cChunkedOffload
 	cBadTopic
@@ -73,6 +84,8 @@ var Counters = []Counter{
 	{"replay_errors", "Replay requests that failed or timed out.", func(s *Stats) *uint64 { return &s.ReplayErrors }, nil, cReplayErrors},
 	{"replay_timeouts", "Of the failed replay requests, those that timed out.", func(s *Stats) *uint64 { return &s.ReplayTimeouts }, nil, cReplayTimeouts},
 	{"replayed_batches", "Batches applied from replay.", func(s *Stats) *uint64 { return &s.Replayed }, nil, cReplayed},
+	{"replay_rounds", "Replay requests repeated because replies were lost in transit.", func(s *Stats) *uint64 { return &s.ReplayRounds }, nil, cReplayRounds},
+	{"replay_recovered_batches", "Batches applied by repeated replay requests.", func(s *Stats) *uint64 { return &s.ReplayRecovered }, nil, cReplayRecovered},
 	{"unrecovered_gaps", "Gaps replay did not close; the gap policy applied.", func(s *Stats) *uint64 { return &s.Unrecovered },
 		func(h *HolderStatus) *uint64 { return &h.Unrecovered }, cUnrecovered},
 	{"restarts", "Engine restarts (sequences going backwards).", func(s *Stats) *uint64 { return &s.Restarts },
@@ -84,6 +97,12 @@ var Counters = []Counter{
 	{"hash_mismatches", "Hash agreement checks that failed: engine and router hash differently.", func(s *Stats) *uint64 { return &s.HashMismatches },
 		func(h *HolderStatus) *uint64 { return &h.HashMismatches }, cHashMismatches},
 	{"unresolved_blocks", "Content-key mode: blocks whose content key was unknown.", func(s *Stats) *uint64 { return &s.Unresolved }, nil, cUnresolved},
+	{"tokenless_events", "Content-key mode: BlockStored events without token ids whose blocks could not be keyed.", func(s *Stats) *uint64 { return &s.Tokenless },
+		func(h *HolderStatus) *uint64 { return &h.Tokenless }, cTokenless},
+	{"empty_topic", "Of the bad messages, bind-mode messages with vLLM's default empty topic, which names no pod.", func(s *Stats) *uint64 { return &s.EmptyTopic }, nil, cEmptyTopic},
+	{"unknown_topic", "Of the bad messages, bind-mode messages whose topic is not kv@POD@MODEL.", func(s *Stats) *uint64 { return &s.UnknownTopic }, nil, cUnknownTopic},
+	{"no_model", "Of the bad messages, those of a pod whose model neither its topic nor its configuration names.", func(s *Stats) *uint64 { return &s.NoModel }, nil, cNoModel},
+	{"zero_parents", "BlockStored events with parent 0 (llm-d's empty block hash), read as starting a chain.", func(s *Stats) *uint64 { return &s.ZeroParents }, nil, cZeroParents},
 	{"holders_evicted", "Holders forgotten, their entries cleared, to make room for a new one at the holder limit.", func(s *Stats) *uint64 { return &s.Evicted }, nil, cEvicted},
 	{"chunked_offload", "Offload-tier events whose block size differs from the GPU tier's: their CPU-tier lookups undercount.", func(s *Stats) *uint64 { return &s.ChunkedOffload },
 		func(h *HolderStatus) *uint64 { return &h.ChunkedOffload }, cChunkedOffload},
@@ -94,4 +113,29 @@ var Counters = []Counter{
 	{"conflict_dropped", "Messages of holders in state conflict, dropped.", func(s *Stats) *uint64 { return &s.ConflictDropped }, nil, cConflictDropped},
 	{"disconnects", "Pods whose connection went down.", func(s *Stats) *uint64 { return &s.Disconnects }, nil, cDisconnects},
 	{"snapshot_expired", "Holders restored from a snapshot and never heard from, removed after Config.SnapshotExpiry.", func(s *Stats) *uint64 { return &s.SnapshotExpired }, nil, cExpired},
+}
+
+// MarshalJSON renders a holder's status with its counters named as in
+// Counters, in the table's order.
+func (s HolderStatus) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(struct {
+		Pod     string `json:"pod"`
+		Model   string `json:"model"`
+		Rank    int    `json:"dp_rank"`
+		LastSeq uint64 `json:"last_seq"`
+		State   string `json:"state"`
+	}{s.Pod, s.Model, s.Rank, s.LastSeq, s.State})
+	if err != nil {
+		return nil, err
+	}
+	b = b[:len(b)-1]
+	for _, c := range Counters {
+		if c.Holder != nil {
+			b = append(b, ',')
+			b = strconv.AppendQuote(b, c.Name)
+			b = append(b, ':')
+			b = strconv.AppendUint(b, *c.Holder(&s), 10)
+		}
+	}
+	return append(b, '}'), nil
 }

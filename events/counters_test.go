@@ -1,6 +1,7 @@
 package events
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
 
@@ -32,4 +33,20 @@ func TestCountersTableCoversEveryStatsFieldOnce(t *testing.T) {
 	}
 	require.Len(t, Counters, int(numCounters))
 	require.Len(t, seenStat, reflect.TypeFor[Stats]().NumField(), "a Stats field without a Counters entry")
+}
+
+func TestHolderStatusJSONNamesEachCounterAsTheTable(t *testing.T) {
+	st := HolderStatus{Pod: "p", Model: "m", Rank: 2, LastSeq: 7, State: "live"}
+	want := map[string]any{"pod": "p", "model": "m", "dp_rank": 2.0, "last_seq": 7.0, "state": "live"}
+	for i, c := range Counters {
+		if c.Holder != nil {
+			*c.Holder(&st) = uint64(100 + i)
+			want[c.Name] = float64(100 + i)
+		}
+	}
+	raw, err := json.Marshal(st)
+	require.NoError(t, err)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(raw, &got))
+	require.Equal(t, want, got)
 }

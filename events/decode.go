@@ -1,14 +1,11 @@
 package events
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 
-	"github.com/vmihailenco/msgpack/v5"
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
+	"github.com/kvsource/kvsource/internal/msgpackr"
 )
 
 // ErrMalformed is wrapped by every error Decode returns: the payload is not an
@@ -74,8 +71,11 @@ type Event struct {
 	// bytes (big-endian) of a raw digest.
 	BlockHashes []uint64
 	// Parent is the key of the block before BlockHashes[0]; a BlockStored
-	// without parent starts at block 0.
-	Parent Opt[uint64]
+	// without parent starts at block 0. A parent of 0 is llm-d's empty
+	// block hash, which its producers send for a chain's first block: it
+	// reads as absent, with ZeroParent set.
+	Parent     Opt[uint64]
+	ZeroParent bool
 	// TokenIDs are all blocks' tokens concatenated; empty when the engine did
 	// not send them (CPU offload events before self-describing events).
 	TokenIDs  []uint32
@@ -100,7 +100,7 @@ func (e *Event) reset() {
 	e.Type = EventUnknown
 	e.TypeName = ""
 	e.BlockHashes = e.BlockHashes[:0]
-	e.Parent = Opt[uint64]{}
+	e.Parent, e.ZeroParent = Opt[uint64]{}, false
 	e.TokenIDs = e.TokenIDs[:0]
 	e.BlockSize = 0
 	e.LoRAID = Opt[int]{}
@@ -120,48 +120,11 @@ const (
 	mediumCPU = "CPU"
 )
 
-// payloadReader is the io.ByteScanner the msgpack decoder reads from. Being a
-// ByteScanner keeps msgpack from buffering, so the decoder and the fast
-// paths below share one position.
-type payloadReader struct {
-	b []byte
-	i int
-}
-
-func (r *payloadReader) Read(p []byte) (int, error) {
-	if r.i >= len(r.b) {
-		return 0, io.EOF
-	}
-	n := copy(p, r.b[r.i:])
-	r.i += n
-	return n, nil
-}
-
-func (r *payloadReader) ReadByte() (byte, error) {
-	if r.i >= len(r.b) {
-		return 0, io.EOF
-	}
-	c := r.b[r.i]
-	r.i++
-	return c, nil
-}
-
-func (r *payloadReader) UnreadByte() error {
-	if r.i == 0 {
-		return errors.New("events: unread at start")
-	}
-	r.i--
-	return nil
-}
-
-func (r *payloadReader) remaining() int { return len(r.b) - r.i }
-
 // Decoder decodes EventBatch payloads in every layout vLLM has used. The zero
 // value is ready to use. A Decoder is not safe for concurrent use; give each
 // goroutine its own.
 type Decoder struct {
-	r    payloadReader
-	md   *msgpack.Decoder
+	r    msgpackr.Reader
 	strs map[string]string
 }
 
@@ -173,8 +136,7 @@ func NewDecoder() *Decoder {
 }
 
 func (d *Decoder) init() {
-	if d.md == nil {
-		d.md = msgpack.NewDecoder(&d.r)
+	if d.strs == nil {
 		d.strs = make(map[string]string)
 	}
 }
@@ -184,8 +146,7 @@ func (d *Decoder) init() {
 // Decode never panics, whatever the input.
 func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	d.init()
-	d.r = payloadReader{b: payload}
-	d.md.ResetReader(&d.r)
+	d.r.Reset(payload)
 	b.TS, b.DPRank = 0, Opt[int]{}
 	b.Events = b.Events[:0]
 	if len(payload) == 0 {
@@ -195,90 +156,61 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 		b.Events = b.Events[:0]
 		return err
 	}
-	if d.r.remaining() != 0 {
+	if d.r.Len() != 0 {
 		b.Events = b.Events[:0]
-		return d.errorf("%d trailing bytes after the batch", d.r.remaining())
+		return d.errorf("%d trailing bytes after the batch", d.r.Len())
 	}
 	return nil
 }
 
 func (d *Decoder) errorf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s (at byte %d)", ErrMalformed, fmt.Sprintf(format, args...), d.r.i)
+	return fmt.Errorf("%w: %s (at byte %d)", ErrMalformed, fmt.Sprintf(format, args...), d.r.Pos())
 }
 
+// wrap makes a reader's error one of Decode's, naming the field read.
 func (d *Decoder) wrap(what string, err error) error {
-	if errors.Is(err, ErrMalformed) {
-		return err
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return d.errorf("truncated msgpack reading %s", what)
-	}
-	return d.errorf("reading %s: %v", what, err)
+	return fmt.Errorf("%w: reading %s: %v (at byte %d)", ErrMalformed, what, err, d.r.Pos())
 }
 
-func (d *Decoder) peek(what string) (byte, error) {
-	c, err := d.md.PeekCode()
+func (d *Decoder) peek(what string) (msgpackr.Kind, error) {
+	c, err := d.r.Peek()
 	if err != nil {
-		return 0, d.wrap(what, err)
+		return msgpackr.KindInvalid, d.wrap(what, err)
 	}
-	return c, nil
-}
-
-func isArray(c byte) bool {
-	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
-}
-
-func isMap(c byte) bool {
-	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
-}
-
-func isInt(c byte) bool {
-	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64)
+	return msgpackr.KindOf(c), nil
 }
 
 // arrayLen reads an array header; nilOK allows nil, returned as -1. The
 // length is bounded by the bytes left (each element takes at least one) and
 // by limit.
 func (d *Decoder) arrayLen(what string, nilOK bool, limit int) (int, error) {
-	c, err := d.peek(what)
-	if err != nil {
-		return 0, err
-	}
-	if c == msgpcode.Nil && nilOK {
-		d.r.i++
+	if nilOK && d.r.Nil() {
 		return -1, nil
 	}
-	if !isArray(c) {
-		return 0, d.errorf("bad field type: %s is not an array (code 0x%02x)", what, c)
-	}
-	n, err := d.md.DecodeArrayLen()
+	n, err := d.r.ArrayLen()
 	if err != nil {
 		return 0, d.wrap(what, err)
 	}
-	if n > d.r.remaining() || n > limit {
-		return 0, d.errorf("%s: length %d exceeds the payload or the limit", what, n)
+	if n > limit {
+		return 0, d.errorf("%s: length %d exceeds the limit", what, n)
+	}
+	return n, nil
+}
+
+func (d *Decoder) mapLen(what string) (int, error) {
+	n, err := d.r.MapLen()
+	if err != nil {
+		return 0, d.wrap(what, err)
 	}
 	return n, nil
 }
 
 // str returns the bytes of a string (or bin) value, aliasing the payload.
 func (d *Decoder) str(what string) ([]byte, error) {
-	c, err := d.peek(what)
-	if err != nil {
-		return nil, err
-	}
-	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
-		return nil, d.errorf("bad field type: %s is not a string (code 0x%02x)", what, c)
-	}
-	n, err := d.md.DecodeBytesLen()
+	s, err := d.r.Bytes()
 	if err != nil {
 		return nil, d.wrap(what, err)
 	}
-	if n > d.r.remaining() {
-		return nil, d.errorf("truncated msgpack reading %s", what)
-	}
-	s := d.r.b[d.r.i : d.r.i+n]
-	d.r.i += n
 	return s, nil
 }
 
@@ -295,25 +227,9 @@ func (d *Decoder) intern(b []byte) string {
 	return s
 }
 
-func (d *Decoder) isNil() bool {
-	c, err := d.md.PeekCode()
-	if err == nil && c == msgpcode.Nil {
-		d.r.i++
-		return true
-	}
-	return false
-}
-
 // int reads a signed integer that must fit in an int32 (ranks, sizes, ids).
 func (d *Decoder) int(what string) (int, error) {
-	c, err := d.peek(what)
-	if err != nil {
-		return 0, err
-	}
-	if !isInt(c) {
-		return 0, d.errorf("bad field type: %s is not an integer (code 0x%02x)", what, c)
-	}
-	v, err := d.md.DecodeInt64()
+	v, err := d.r.Int()
 	if err != nil {
 		return 0, d.wrap(what, err)
 	}
@@ -323,182 +239,52 @@ func (d *Decoder) int(what string) (int, error) {
 	return int(v), nil
 }
 
-// uint reads a non-negative integer of up to 64 bits straight from the
-// payload: the hot path (token ids, block hashes) stays free of per-value
-// interface calls.
-func (d *Decoder) uint(what string) (uint64, error) {
-	r := &d.r
-	if r.i >= len(r.b) {
-		return 0, d.errorf("truncated msgpack reading %s", what)
-	}
-	c := r.b[r.i]
-	if c <= msgpcode.PosFixedNumHigh {
-		r.i++
-		return uint64(c), nil
-	}
-	var n int
-	signed := false
-	switch c {
-	case msgpcode.Uint8:
-		n = 1
-	case msgpcode.Uint16:
-		n = 2
-	case msgpcode.Uint32:
-		n = 4
-	case msgpcode.Uint64:
-		n = 8
-	case msgpcode.Int8:
-		n, signed = 1, true
-	case msgpcode.Int16:
-		n, signed = 2, true
-	case msgpcode.Int32:
-		n, signed = 4, true
-	case msgpcode.Int64:
-		n, signed = 8, true
-	default:
-		if c >= msgpcode.NegFixedNumLow {
-			return 0, d.errorf("%s is negative", what)
-		}
-		return 0, d.errorf("bad field type: %s is not an integer (code 0x%02x)", what, c)
-	}
-	if r.i+1+n > len(r.b) {
-		return 0, d.errorf("truncated msgpack reading %s", what)
-	}
-	var v uint64
-	for _, x := range r.b[r.i+1 : r.i+1+n] {
-		v = v<<8 | uint64(x)
-	}
-	if signed && v>>(uint(n)*8-1) != 0 {
-		return 0, d.errorf("%s is negative", what)
-	}
-	r.i += 1 + n
-	return v, nil
-}
-
 // hash reads a block hash: an integer, or raw digest bytes reduced to their
 // last 8 bytes, big-endian.
 func (d *Decoder) hash(what string) (uint64, error) {
-	r := &d.r
-	if r.i < len(r.b) {
-		c := r.b[r.i]
-		if msgpcode.IsBin(c) || msgpcode.IsString(c) {
-			b, err := d.str(what)
-			if err != nil {
-				return 0, err
-			}
-			if len(b) == 0 || len(b) > maxHashSize {
-				return 0, d.errorf("%s: digest of %d bytes", what, len(b))
-			}
-			if len(b) > 8 {
-				b = b[len(b)-8:]
-			}
-			var v uint64
-			for _, x := range b {
-				v = v<<8 | uint64(x)
-			}
-			return v, nil
+	if k, _ := d.peek(what); k == msgpackr.KindBin || k == msgpackr.KindStr {
+		b, err := d.str(what)
+		if err != nil {
+			return 0, err
 		}
+		if len(b) == 0 || len(b) > maxHashSize {
+			return 0, d.errorf("%s: digest of %d bytes", what, len(b))
+		}
+		if len(b) > 8 {
+			b = b[len(b)-8:]
+		}
+		var v uint64
+		for _, x := range b {
+			v = v<<8 | uint64(x)
+		}
+		return v, nil
 	}
-	return d.uint(what)
-}
-
-// skip skips one value of any type, bounding nesting so that a hostile
-// payload cannot recurse deeply.
-func (d *Decoder) skip(depth int) error {
-	if depth > maxDepth {
-		return d.errorf("nesting deeper than %d", maxDepth)
-	}
-	c, err := d.peek("value")
+	v, err := d.r.Uint()
 	if err != nil {
-		return err
+		return 0, d.wrap(what, err)
 	}
-	switch {
-	case isArray(c):
-		n, err := d.arrayLen("array", false, d.r.remaining())
-		if err != nil {
-			return err
-		}
-		for range n {
-			if err := d.skip(depth + 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case isMap(c):
-		n, err := d.md.DecodeMapLen()
-		if err != nil {
-			return d.wrap("map", err)
-		}
-		if n > d.r.remaining() {
-			return d.errorf("map length %d exceeds the payload", n)
-		}
-		for range 2 * n {
-			if err := d.skip(depth + 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case msgpcode.IsString(c) || msgpcode.IsBin(c):
-		_, err := d.str("value")
-		return err
-	case msgpcode.IsExt(c) || msgpcode.IsFixedExt(c):
-		return d.skipExt(c)
-	}
-	if err := d.md.Skip(); err != nil {
-		return d.wrap("value", err)
-	}
-	return nil
+	return v, nil
 }
 
-// skipExt skips an extension value in place. msgpack's own Skip reads the
-// body into the Decoder's buffer and keeps that buffer grown even when the
-// payload is shorter than the length claims, so every such payload would
-// grow a long-lived Decoder by a megabyte or more.
-func (d *Decoder) skipExt(c byte) error {
-	r := &d.r
-	n, hdr := 0, 0
-	switch c {
-	case msgpcode.FixExt1:
-		n = 1
-	case msgpcode.FixExt2:
-		n = 2
-	case msgpcode.FixExt4:
-		n = 4
-	case msgpcode.FixExt8:
-		n = 8
-	case msgpcode.FixExt16:
-		n = 16
-	case msgpcode.Ext8:
-		hdr = 1
-	case msgpcode.Ext16:
-		hdr = 2
-	case msgpcode.Ext32:
-		hdr = 4
+// skip skips one value of any type at the given nesting depth, bounding
+// nesting so that a hostile payload cannot recurse deeply.
+func (d *Decoder) skip(depth int) error {
+	if err := d.r.Skip(maxDepth - depth); err != nil {
+		return d.wrap("a skipped value", err)
 	}
-	if r.remaining() < 1+hdr {
-		return d.errorf("truncated msgpack reading an extension value")
-	}
-	for _, x := range r.b[r.i+1 : r.i+1+hdr] {
-		n = n<<8 | int(x)
-	}
-	// Code byte, length, type byte, body.
-	if n > r.remaining()-2-hdr {
-		return d.errorf("truncated msgpack reading an extension value")
-	}
-	r.i += 2 + hdr + n
 	return nil
 }
 
 func (d *Decoder) batch(b *Batch) error {
-	c, err := d.peek("batch")
+	k, err := d.peek("batch")
 	if err != nil {
 		return err
 	}
-	if isMap(c) {
+	if k == msgpackr.KindMap {
 		return d.mapBatch(b)
 	}
-	if !isArray(c) {
-		return d.errorf("not an EventBatch: top level is not an array (code 0x%02x)", c)
+	if k != msgpackr.KindArray {
+		return d.errorf("not an EventBatch: top level is a %s, not an array", k)
 	}
 	n, err := d.arrayLen("batch", false, maxEvents)
 	if err != nil {
@@ -530,12 +316,9 @@ func (d *Decoder) batch(b *Batch) error {
 // EventBatch struct without msgspec's array_like, as in vLLM's main branch
 // after the events became maps. Unknown fields are skipped.
 func (d *Decoder) mapBatch(b *Batch) error {
-	n, err := d.md.DecodeMapLen()
+	n, err := d.mapLen("batch")
 	if err != nil {
-		return d.wrap("batch", err)
-	}
-	if n > d.r.remaining() {
-		return d.errorf("batch map length %d exceeds the payload", n)
+		return err
 	}
 	hasTS, hasEvents := false, false
 	for range n {
@@ -566,14 +349,8 @@ func (d *Decoder) mapBatch(b *Batch) error {
 }
 
 func (d *Decoder) ts(b *Batch) error {
-	c, err := d.peek("ts")
-	if err != nil {
-		return err
-	}
-	if c != msgpcode.Double && c != msgpcode.Float && !isInt(c) {
-		return d.errorf("bad field type: ts (code 0x%02x)", c)
-	}
-	if b.TS, err = d.md.DecodeFloat64(); err != nil {
+	var err error
+	if b.TS, err = d.r.Float(); err != nil {
 		return d.wrap("ts", err)
 	}
 	return nil
@@ -605,7 +382,7 @@ func (d *Decoder) events(b *Batch) error {
 // rank reads data_parallel_rank, which may be nil.
 func (d *Decoder) rank(b *Batch) error {
 	b.DPRank = Opt[int]{}
-	if d.isNil() {
+	if d.r.Nil() {
 		return nil
 	}
 	rank, err := d.int("data_parallel_rank")
@@ -674,21 +451,21 @@ func eventType(tag []byte) EventType {
 }
 
 func (d *Decoder) event(e *Event) error {
-	c, err := d.peek("event")
+	k, err := d.peek("event")
 	if err != nil {
 		return err
 	}
-	switch {
-	case isArray(c):
+	switch k {
+	case msgpackr.KindArray:
 		return d.arrayEvent(e)
-	case isMap(c):
+	case msgpackr.KindMap:
 		return d.mapEvent(e)
 	}
-	return d.errorf("bad field type: event is neither array nor map (code 0x%02x)", c)
+	return d.errorf("bad field type: event is a %s, neither array nor map", k)
 }
 
 func (d *Decoder) arrayEvent(e *Event) error {
-	n, err := d.arrayLen("event", false, d.r.remaining())
+	n, err := d.arrayLen("event", false, math.MaxInt)
 	if err != nil {
 		return err
 	}
@@ -726,17 +503,14 @@ func (d *Decoder) arrayEvent(e *Event) error {
 }
 
 func (d *Decoder) mapEvent(e *Event) error {
-	n, err := d.md.DecodeMapLen()
+	n, err := d.mapLen("event")
 	if err != nil {
-		return d.wrap("event", err)
-	}
-	if n > d.r.remaining() {
-		return d.errorf("event map length %d exceeds the payload", n)
+		return err
 	}
 	// The tag may come anywhere; fields before it are kept by name and
 	// interpreted once the type is known, which vLLM's encoder (type first)
 	// never needs.
-	start := d.r.i
+	start := d.r.Pos()
 	typed := false
 	for range n {
 		key, err := d.str("event field name")
@@ -763,7 +537,7 @@ func (d *Decoder) mapEvent(e *Event) error {
 		return d.errorf("event map without a type")
 	}
 	// Second pass over every field but the tag.
-	d.r.i = start
+	d.r.Seek(start)
 	seen := false
 	for range n {
 		key, err := d.str("event field name")
@@ -826,25 +600,27 @@ func (d *Decoder) field(e *Event, f int) error {
 			e.BlockHashes = make([]uint64, n)
 		}
 		e.BlockHashes = e.BlockHashes[:n]
-		for i := range e.BlockHashes {
-			// Python packs hashes of 2^56 and above as uint64, nearly all.
-			if r := &d.r; r.i+9 <= len(r.b) && r.b[r.i] == msgpcode.Uint64 {
-				e.BlockHashes[i] = binary.BigEndian.Uint64(r.b[r.i+1:])
-				r.i += 9
-				continue
+		// Integers in one pass; a raw digest (or an error, which hash
+		// reports) stops it, and hash reads that one.
+		for i := 0; i < n; i++ {
+			k, err := d.r.Uint64s(e.BlockHashes[i:])
+			if i += k; err == nil {
+				break
 			}
 			if e.BlockHashes[i], err = d.hash("block_hashes"); err != nil {
 				return err
 			}
 		}
 	case fParent:
-		if d.isNil() {
+		if d.r.Nil() {
 			return nil
 		}
 		if e.Parent.v, err = d.hash("parent_block_hash"); err != nil {
 			return err
 		}
-		e.Parent.ok = true
+		// No engine key is 0 but by a 2^-64 chance; llm-d means "none".
+		e.Parent.ok = e.Parent.v != 0
+		e.ZeroParent = e.Parent.v == 0
 	case fTokens:
 		n, err := d.arrayLen("token_ids", true, maxTokens)
 		if err != nil || n < 0 {
@@ -854,9 +630,11 @@ func (d *Decoder) field(e *Event, f int) error {
 			e.TokenIDs = make([]uint32, n)
 		}
 		e.TokenIDs = e.TokenIDs[:n]
-		return d.tokens(e.TokenIDs)
+		if err := d.r.Uint32s(e.TokenIDs); err != nil {
+			return d.wrap("token_ids", err)
+		}
 	case fBlockSize:
-		if d.isNil() {
+		if d.r.Nil() {
 			return nil
 		}
 		if e.BlockSize, err = d.int("block_size"); err != nil {
@@ -866,7 +644,7 @@ func (d *Decoder) field(e *Event, f int) error {
 			return d.errorf("negative block_size %d", e.BlockSize)
 		}
 	case fLoRAID:
-		if d.isNil() {
+		if d.r.Nil() {
 			return nil
 		}
 		if e.LoRAID.v, err = d.int("lora_id"); err != nil {
@@ -874,7 +652,7 @@ func (d *Decoder) field(e *Event, f int) error {
 		}
 		e.LoRAID.ok = true
 	case fMedium:
-		if d.isNil() {
+		if d.r.Nil() {
 			return nil
 		}
 		s, err := d.str("medium")
@@ -883,7 +661,7 @@ func (d *Decoder) field(e *Event, f int) error {
 		}
 		e.Medium = d.medium(s)
 	case fLoRAName:
-		if d.isNil() {
+		if d.r.Nil() {
 			return nil
 		}
 		s, err := d.str("lora_name")
@@ -894,7 +672,7 @@ func (d *Decoder) field(e *Event, f int) error {
 	case fExtraKeys:
 		return d.extraKeys(e)
 	case fGroupIdx:
-		if d.isNil() {
+		if d.r.Nil() {
 			return nil
 		}
 		if e.GroupIdx.v, err = d.int("group_idx"); err != nil {
@@ -907,47 +685,6 @@ func (d *Decoder) field(e *Event, f int) error {
 	default:
 		return d.skip(1)
 	}
-	return nil
-}
-
-// tokens fills dst from a token-id array whose header was read. The usual
-// encodings are decoded inline; anything else goes through uint, which
-// also reports errors.
-func (d *Decoder) tokens(dst []uint32) error {
-	b, i := d.r.b, d.r.i
-	for j := range dst {
-		if i+5 <= len(b) {
-			switch c := b[i]; {
-			case c <= msgpcode.PosFixedNumHigh:
-				dst[j] = uint32(c)
-				i++
-				continue
-			case c == msgpcode.Uint8:
-				dst[j] = uint32(b[i+1])
-				i += 2
-				continue
-			case c == msgpcode.Uint16:
-				dst[j] = uint32(binary.BigEndian.Uint16(b[i+1:]))
-				i += 3
-				continue
-			case c == msgpcode.Uint32:
-				dst[j] = binary.BigEndian.Uint32(b[i+1:])
-				i += 5
-				continue
-			}
-		}
-		d.r.i = i
-		v, err := d.uint("token_ids")
-		if err != nil {
-			return err
-		}
-		if v > math.MaxUint32 {
-			return d.errorf("token id %d out of range", v)
-		}
-		dst[j] = uint32(v)
-		i = d.r.i
-	}
-	d.r.i = i
 	return nil
 }
 
@@ -979,23 +716,23 @@ func (d *Decoder) extraKeys(e *Event) error {
 	// Spans first, slices after: extraBuf may move while it grows.
 	e.extraSpans = e.extraSpans[:0]
 	for i := range n {
-		if d.isNil() {
+		if d.r.Nil() {
 			e.extraSpans = append(e.extraSpans, -1, -1)
 			continue
 		}
-		c, err := d.peek("extra_keys")
+		k, err := d.peek("extra_keys")
 		if err != nil {
 			return err
 		}
-		if !isArray(c) {
-			return d.errorf("bad field type: extra_keys[%d] is not a tuple (code 0x%02x)", i, c)
+		if k != msgpackr.KindArray {
+			return d.errorf("bad field type: extra_keys[%d] is a %s, not a tuple", i, k)
 		}
-		lo := d.r.i
+		lo := d.r.Pos()
 		if err := d.skip(2); err != nil {
 			return err
 		}
 		off := len(e.extraBuf)
-		e.extraBuf = append(e.extraBuf, d.r.b[lo:d.r.i]...)
+		e.extraBuf = append(e.extraBuf, d.r.Since(lo)...)
 		e.extraSpans = append(e.extraSpans, off, len(e.extraBuf))
 	}
 	if cap(e.ExtraKeys.v) < n {

@@ -1,11 +1,8 @@
 package events
 
 import (
-	"fmt"
-
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
-
 	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/internal/msgpackr"
 )
 
 // ExtraKeys converts one block's extra-keys tuple, as an Event's ExtraKeys
@@ -22,8 +19,7 @@ func ExtraKeys(raw []byte) ([]hashing.ExtraKey, error) {
 // every event.
 func (d *Decoder) extraKeyTuple(raw []byte) ([]hashing.ExtraKey, error) {
 	d.init()
-	d.r = payloadReader{b: raw}
-	d.md.ResetReader(&d.r)
+	d.r.Reset(raw)
 	n, err := d.arrayLen("extra keys", false, maxBlocks)
 	if err != nil {
 		return nil, err
@@ -34,7 +30,7 @@ func (d *Decoder) extraKeyTuple(raw []byte) ([]hashing.ExtraKey, error) {
 			return nil, err
 		}
 	}
-	if d.r.remaining() != 0 {
+	if d.r.Len() != 0 {
 		return nil, d.errorf("trailing bytes after extra keys")
 	}
 	return keys, nil
@@ -44,27 +40,24 @@ func (d *Decoder) extraKey(depth int) (hashing.ExtraKey, error) {
 	if depth > maxDepth {
 		return hashing.ExtraKey{}, d.errorf("extra key nesting deeper than %d", maxDepth)
 	}
-	c, err := d.peek("extra key")
+	k, err := d.peek("extra key")
 	if err != nil {
 		return hashing.ExtraKey{}, err
 	}
-	switch {
-	case msgpcode.IsString(c):
+	switch k {
+	case msgpackr.KindStr:
 		s, err := d.str("extra key")
 		return hashing.Str(string(s)), err
-	case msgpcode.IsBin(c):
+	case msgpackr.KindBin:
 		b, err := d.str("extra key")
 		return hashing.Bytes(b), err
-	case isInt(c):
-		v, err := d.md.DecodeInt64()
+	case msgpackr.KindInt:
+		v, err := d.r.Int()
 		if err != nil {
 			return hashing.ExtraKey{}, d.wrap("extra key", err)
 		}
-		if c == msgpcode.Uint64 && v < 0 {
-			return hashing.ExtraKey{}, d.errorf("extra key integer beyond int64")
-		}
 		return hashing.Int(v), nil
-	case isArray(c):
+	case msgpackr.KindArray:
 		n, err := d.arrayLen("extra key", false, maxBlocks)
 		if err != nil {
 			return hashing.ExtraKey{}, err
@@ -77,5 +70,5 @@ func (d *Decoder) extraKey(depth int) (hashing.ExtraKey, error) {
 		}
 		return hashing.Tuple(elems...), nil
 	}
-	return hashing.ExtraKey{}, fmt.Errorf("%w: extra key of unsupported type (code 0x%02x)", ErrMalformed, c)
+	return hashing.ExtraKey{}, d.errorf("extra key of unsupported type %s", k)
 }

@@ -82,6 +82,13 @@ type Config struct {
 	// of a pod's messages kept behind the pod's running replay; default
 	// 4096.
 	QueueLen int
+	// QueueBytes bounds the payload bytes handed to each worker and not yet
+	// applied, those kept behind a replay included; default 64 MiB. A
+	// message that would pass it is dropped at once and its pod marked for
+	// resync, as on a full queue (Stats.QueueFull): QueueLen messages of a
+	// transport's largest size would otherwise hold far more memory than
+	// the index. Set it at least to the transport's largest message.
+	QueueBytes int64
 	// EnqueueTimeout is how long Handle waits for room in a full queue
 	// before dropping the message and marking its pod for resync; default
 	// 100ms.
@@ -94,6 +101,12 @@ type Config struct {
 	// the worker: only its own pod's later messages wait for it. A holder
 	// whose replay failed does not try again for 30s.
 	ReplayDeadline time.Duration
+	// ReplayRounds bounds the replay requests of one replay: vLLM's replay
+	// socket drops the replies a slower reader cannot take in time, so a
+	// replay whose replies have holes the engine still buffers asks again
+	// from the first missing batch, within the one ReplayDeadline; default
+	// 8. Past the last round the rest counts as lost.
+	ReplayRounds int
 	// Gap is the policy after an unrecovered gap; default GapClear.
 	Gap GapPolicy
 	// InitialSeqs holds, for a router restarted from an index snapshot, the
@@ -109,6 +122,10 @@ type Config struct {
 	// content-key mode: index keys are computed from the events' token ids
 	// rather than taken from the engine (see the package doc).
 	ContentKeys *hashing.Hasher
+	// ContentKeysHint names, in the hash-mismatch log, how the user turns
+	// content-key mode on; default "content-key mode
+	// (events.Config.ContentKeys)" (kvsource serve sets "--keys content").
+	ContentKeysHint string
 	// ContentMapSize bounds each holder's engine-key to content-key map in
 	// content-key mode; default 1<<20 entries.
 	ContentMapSize int
@@ -147,6 +164,21 @@ type Config struct {
 	ConflictRestarts int
 	// Logger receives the processor's logs; default slog.Default().
 	Logger *slog.Logger
+	// Tap, when set, is called with every batch just before it applies,
+	// live or replayed, in the order each holder applies them: gaps
+	// repaired, duplicates dropped. A relay forwards these to a shared
+	// log, whose consumers run the same sequencing over them. It runs on
+	// the holder's worker, so a slow Tap delays that worker's pods; the
+	// payload is valid only during the call.
+	Tap func(TapBatch)
+}
+
+// TapBatch is one batch as Config.Tap sees it.
+type TapBatch struct {
+	Model, Pod string
+	Rank       int
+	Seq        uint64
+	Payload    []byte
 }
 
 // Message is one batch a transport received: [topic, seq, payload] of a
@@ -232,6 +264,9 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = 64 << 20
+	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 4096
 	}
@@ -240,6 +275,12 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	}
 	if cfg.ReplayDeadline <= 0 {
 		cfg.ReplayDeadline = 10 * time.Second
+	}
+	if cfg.ReplayRounds <= 0 {
+		cfg.ReplayRounds = 8
+	}
+	if cfg.ContentKeysHint == "" {
+		cfg.ContentKeysHint = "content-key mode (events.Config.ContentKeys)"
 	}
 	if cfg.ContentMapSize <= 0 {
 		cfg.ContentMapSize = 1 << 20
@@ -349,6 +390,14 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 	}
 	msg.ps.handed.Add(1)
 	w := p.workers[podHash(m.Pod)%uint32(len(p.workers))]
+	// The worker releases the bytes when it closes the message, however
+	// that ends.
+	if n := int64(len(m.Payload)); w.queued.Add(n) > p.cfg.QueueBytes {
+		p.limited.logf(slog.LevelWarn, "events: worker queue over its byte bound; message dropped, its pod marked for resync", m.Pod,
+			"seq", m.Seq, "bytes", n, "queue_bytes", p.cfg.QueueBytes)
+		w.dropped(msg)
+		return
+	}
 	select {
 	case w.in <- msg:
 		w.congested.Store(false)
@@ -382,6 +431,40 @@ func (p *Processor) BadMessage(pod, why string, args ...any) {
 	p.c[cMessages].Add(1)
 	p.c[cBadMessages].Add(1)
 	p.limited.logf(slog.LevelWarn, "events: dropped message: "+why, pod, args...)
+}
+
+// NoPod counts and logs a message dropped because its topic names no pod
+// (a transport that learns the pod from the topic, such as ZMQ's bind
+// mode), by reason: vLLM's default empty topic, or another topic that is
+// not kv@POD@MODEL. Each reason logs at most once per log interval, naming
+// the fix.
+func (p *Processor) NoPod(topic string, seq uint64) {
+	p.c[cMessages].Add(1)
+	p.c[cBadMessages].Add(1)
+	if topic == "" {
+		p.c[cEmptyTopic].Add(1)
+		p.limited.logAny(slog.LevelWarn, "events: dropped message with vLLM's default empty topic, which names no pod: "+
+			"set topic to kv@POD@MODEL in the engine's kv_events_config, or connect to the pod instead "+
+			"(kvsource serve: --events-connect POD=tcp://HOST:PORT,model=MODEL)", "", "seq", seq)
+		return
+	}
+	p.c[cUnknownTopic].Add(1)
+	p.limited.logAny(slog.LevelWarn, "events: dropped message whose topic names no pod: "+
+		"set topic to kv@POD@MODEL in the engine's kv_events_config, or connect to the pod instead",
+		"", "topic", topic, "seq", seq)
+}
+
+// NoModel counts and logs a message of pod dropped because neither its
+// topic nor the pod's configuration names its model: indexing it under an
+// empty model would match no request.
+func (p *Processor) NoModel(pod, topic string, seq uint64) {
+	p.c[cMessages].Add(1)
+	p.c[cBadMessages].Add(1)
+	p.c[cNoModel].Add(1)
+	p.limited.logf(slog.LevelWarn, "events: dropped message of a pod with no model: its topic names none "+
+		"(vLLM's default topic is empty); set topic to kv@POD@MODEL in the engine's kv_events_config, "+
+		"or give the pod its model (kvsource serve: --events-connect POD=...,model=MODEL)",
+		pod, "topic", topic, "seq", seq)
 }
 
 // WaitApplied returns once holder h has applied the batch with sequence
@@ -510,14 +593,30 @@ type Stats struct {
 	ReplayErrors   uint64 // replay requests that failed or timed out
 	ReplayTimeouts uint64 // of ReplayErrors, those that timed out or ran out of ReplayDeadline
 	Replayed       uint64 // batches applied from replay
-	Unrecovered    uint64 // gaps replay did not close; the GapPolicy applied
-	Restarts       uint64 // sequences that went backwards: engine restarts
-	Duplicates     uint64 // live batches already applied from replay
-	QueueFull      uint64 // messages dropped because a worker queue was full
-	HashChecks     uint64 // hash agreement checks run
-	HashMismatches uint64 // hash agreement checks that failed
-	Unresolved     uint64 // content mode: blocks whose content key was unknown
-	Evicted        uint64 // holders forgotten to make room at Config.MaxHolders
+	// ReplayRounds counts replay requests repeated because replies were
+	// lost in transit, ReplayRecovered the batches those rounds applied.
+	ReplayRounds    uint64
+	ReplayRecovered uint64
+	Unrecovered     uint64 // gaps replay did not close; the GapPolicy applied
+	Restarts        uint64 // sequences that went backwards: engine restarts
+	Duplicates      uint64 // live batches already applied from replay
+	QueueFull       uint64 // messages dropped because a worker queue was full
+	HashChecks      uint64 // hash agreement checks run
+	HashMismatches  uint64 // hash agreement checks that failed
+	Unresolved      uint64 // content mode: blocks whose content key was unknown
+	// Tokenless counts, in content mode, BlockStored events without token
+	// ids naming blocks never seen with tokens: their content keys cannot
+	// be computed (HolderStatus.Tokenless per holder).
+	Tokenless uint64
+	// Of BadMessages, by reason: EmptyTopic, bind-mode messages with vLLM's
+	// default empty topic; UnknownTopic, bind-mode topics the topic mapper
+	// rejects; NoModel, messages of a pod with no model from its topic or
+	// its configured one (zmq.PodConfig.Model).
+	EmptyTopic, UnknownTopic, NoModel uint64
+	// ZeroParents counts BlockStored events whose parent was 0, llm-d's
+	// empty block hash, read as starting a chain.
+	ZeroParents uint64
+	Evicted     uint64 // holders forgotten to make room at Config.MaxHolders
 	// ChunkedOffload counts offload-tier BlockStored events (applied as
 	// usual) whose non-zero block size differs from the GPU tier's: the
 	// offloading connector keys one block per chunk of several GPU blocks,
@@ -533,27 +632,30 @@ type Stats struct {
 
 // HolderStatus is the state of one holder's event stream.
 type HolderStatus struct {
-	Pod     string `json:"pod"`
-	Model   string `json:"model"`
-	Rank    int    `json:"dp_rank"`
-	LastSeq uint64 `json:"last_seq"`
+	Pod     string
+	Model   string
+	Rank    int
+	LastSeq uint64
 	// Gaps counts forward sequence jumps, Replays replay requests answered
 	// in full, Unrecovered the lost ranges the GapPolicy handled.
-	Gaps           uint64 `json:"gaps"`
-	Replays        uint64 `json:"replays"`
-	Unrecovered    uint64 `json:"unrecovered"`
-	Restarts       uint64 `json:"restarts"`
-	DecodeErrors   uint64 `json:"decode_errors"`
-	HashChecks     uint64 `json:"hash_checks"`
-	HashMismatches uint64 `json:"hash_mismatches"`
+	Gaps           uint64
+	Replays        uint64
+	Unrecovered    uint64
+	Restarts       uint64
+	DecodeErrors   uint64
+	HashChecks     uint64
+	HashMismatches uint64
 	// ChunkedOffload counts the holder's offload-tier BlockStored events
 	// whose block size differs from its GPU tier's (Stats.ChunkedOffload).
-	ChunkedOffload uint64 `json:"chunked_offload"`
+	ChunkedOffload uint64
+	// Tokenless counts the holder's content-mode BlockStored events that
+	// could not be resolved for want of token ids (Stats.Tokenless).
+	Tokenless uint64
 	// Conflicts counts the times the holder was put in state conflict.
-	Conflicts uint64 `json:"conflicts"`
+	Conflicts uint64
 	// State is one of the State* constants: whether the holder's entries
 	// can be trusted and it may serve pulls (Processor.Source).
-	State string `json:"state"`
+	State string
 }
 
 // Holder returns the status's holder.

@@ -134,6 +134,11 @@ type worker struct {
 	finished chan string         // pods whose off-worker replay ended
 	inflight int                 // off-worker replays running
 
+	// queued is the payload bytes of the messages handed to this worker
+	// and not yet closed, those waiting behind a replay included
+	// (Config.QueueBytes); shared with its off-worker replays.
+	queued *atomic.Int64
+
 	resyncMu   sync.Mutex
 	resyncPods map[string]uint64 // pod -> highest dropped sequence number
 	chores     []chore
@@ -145,7 +150,7 @@ type worker struct {
 func newWorker(p *Processor) *worker {
 	return &worker{
 		p: p, in: make(chan message, p.cfg.QueueLen), holders: map[index.Holder]*holder{},
-		dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder(),
+		queued: new(atomic.Int64), dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder(),
 		busy: map[string]*pending{}, finished: make(chan string),
 		resyncPods: map[string]uint64{}, resyncSig: make(chan struct{}, 1),
 	}
@@ -154,7 +159,7 @@ func newWorker(p *Processor) *worker {
 // offWorker returns a worker value with buffers of its own for a replay
 // running on another goroutine.
 func (w *worker) offWorker() *worker {
-	return &worker{p: w.p, dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder()}
+	return &worker{p: w.p, queued: w.queued, dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder()}
 }
 
 func (w *worker) run() {
@@ -228,6 +233,7 @@ func (w *worker) resume(pod string) {
 
 // closeMessage records that m was handled, for Sync.
 func (w *worker) closeMessage(m message) {
+	w.queued.Add(-int64(len(m.Payload)))
 	if m.ps != nil {
 		m.ps.closed.Add(1)
 	}
@@ -445,12 +451,12 @@ func (w *worker) handle(m message) {
 		w.offload(m.Pod, func(ow *worker) {
 			// The payload decoded before; only the buffers differ.
 			_ = ow.dec.Decode(m.Payload, &ow.batch)
-			ow.step(h, m.Seq)
+			ow.step(h, m.Seq, m.Payload)
 			ow.closeMessage(m)
 		})
 		return
 	}
-	w.step(h, m.Seq)
+	w.step(h, m.Seq, m.Payload)
 	w.closeMessage(m)
 }
 
@@ -472,9 +478,9 @@ func (w *worker) replays(h *holder, seq uint64) bool {
 	return seq != 0
 }
 
-// step applies w.batch, batch seq of h, after what its sequence number
-// says about the batches before it.
-func (w *worker) step(h *holder, seq uint64) {
+// step applies w.batch, batch seq of h (payload as received), after what
+// its sequence number says about the batches before it.
+func (w *worker) step(h *holder, seq uint64, payload []byte) {
 	switch {
 	case !h.started:
 		h.started = true
@@ -507,7 +513,7 @@ func (w *worker) step(h *holder, seq uint64) {
 		w.p.c[cDups].Add(1)
 		return
 	}
-	w.apply(h, &w.batch, seq)
+	w.apply(h, &w.batch, seq, payload)
 }
 
 // catchUp fetches, when the pod has a replay endpoint, the batches before
@@ -647,12 +653,49 @@ const noTarget = ^uint64(0)
 // and an endpoint sending ever more must not hold the pod. A range the
 // engine no longer buffers is handed to the gap policy (except before h's
 // first batch).
+//
+// vLLM's replay socket drops replies a slow reader's pipe cannot hold, so a
+// reply stream can have holes, or lose its tail, although the engine still
+// buffers every batch. Such a round ends at the first hole and the next
+// asks again from the first missing sequence number, up to
+// Config.ReplayRounds rounds within the one ReplayDeadline.
 func (w *worker) replay(h *holder, from, until uint64) {
 	ctx, cancel := context.WithTimeout(w.p.ctx, w.p.cfg.ReplayDeadline)
 	defer cancel()
 	fresh := h.next == 0 && from == 0
+	for round := 1; ; round++ {
+		applied, why := w.replayRound(ctx, h, from, until, fresh)
+		if round > 1 {
+			w.p.c[cReplayRecovered].Add(applied)
+		}
+		if why == "" {
+			return
+		}
+		if applied > 0 {
+			fresh = false
+		}
+		if round >= w.p.cfg.ReplayRounds {
+			w.p.limited.logf(slog.LevelWarn, "events: replay still lost replies after the last round", h.id.Pod,
+				"rank", h.id.Rank, "seq", h.next, "rounds", round, "why", why)
+			return
+		}
+		w.p.c[cReplayRounds].Add(1)
+		w.p.limited.logf(slog.LevelInfo, "events: replay replies lost in transit, asking again from the first missing batch",
+			h.id.Pod, "rank", h.id.Rank, "seq", h.next, "round", round+1, "why", why)
+		from = h.next
+	}
+}
+
+// replayRound sends one replay request for the batches from seq from on
+// and applies the replies, as replay describes. It returns how many batches
+// it applied and, when the replies had holes or a lost tail that the engine
+// still buffers, why; "" when the replay is over, answered or failed.
+func (w *worker) replayRound(ctx context.Context, h *holder, from, until uint64, fresh bool) (applied uint64, why string) {
 	answered := false
+	received := 0
 	err := h.replay.Replay(ctx, h.id, from, func(seq uint64, payload []byte) bool {
+		first := received == 0
+		received++
 		if seq < h.next {
 			return true
 		}
@@ -662,6 +705,13 @@ func (w *worker) replay(h *holder, from, until uint64) {
 		}
 		if w.rbatch.DPRank.Or(0) != h.id.Rank {
 			return true
+		}
+		if seq > h.next && !first && !fresh {
+			// The engine buffers its batches without holes, and it had
+			// this round's first: the batches between were lost in
+			// transit.
+			why = fmt.Sprintf("replies %d to %d missing", h.next, seq-1)
+			return false
 		}
 		if seq >= until {
 			// Past the target without reaching it: the endpoint no longer
@@ -677,7 +727,8 @@ func (w *worker) replay(h *holder, from, until uint64) {
 		}
 		fresh = false
 		w.p.c[cReplayed].Add(1)
-		w.apply(h, &w.rbatch, seq)
+		applied++
+		w.apply(h, &w.rbatch, seq, payload)
 		if h.next >= until {
 			answered = true
 			return false
@@ -685,6 +736,12 @@ func (w *worker) replay(h *holder, from, until uint64) {
 		return true
 	})
 	switch {
+	case why != "":
+		return applied, why
+	case err == nil && until != noTarget && h.next < until && received > 0:
+		// The end marker came, but the engine published up to until and
+		// had the range from the first reply on: the rest was dropped.
+		return applied, "end marker before the missing range was covered"
 	case err == nil:
 		w.replayAnswered(h)
 	case answered:
@@ -693,12 +750,17 @@ func (w *worker) replay(h *holder, from, until uint64) {
 	case errors.Is(err, context.DeadlineExceeded) && w.p.ctx.Err() == nil:
 		w.p.c[cReplayTimeouts].Add(1)
 		w.replayFailed(h, fmt.Errorf("not complete after %v: %w", w.p.cfg.ReplayDeadline, err))
+	case errors.Is(err, ErrReplayTimeout) && received > 0 && ctx.Err() == nil:
+		// Replies came, then stopped short of the end marker: the tail
+		// was dropped in transit.
+		return applied, "reply stream stopped before its end marker"
 	case errors.Is(err, ErrReplayTimeout):
 		w.p.c[cReplayTimeouts].Add(1)
 		w.replayFailed(h, err)
 	default:
 		w.replayFailed(h, err)
 	}
+	return applied, ""
 }
 
 func (w *worker) replayAnswered(h *holder) {
@@ -717,7 +779,11 @@ func (w *worker) replayFailed(h *holder, err error) {
 }
 
 // apply applies one batch of h with sequence number seq to the sink.
-func (w *worker) apply(h *holder, b *Batch, seq uint64) {
+// payload is the batch as received, for Config.Tap.
+func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
+	if tap := w.p.cfg.Tap; tap != nil {
+		tap(TapBatch{Model: h.model, Pod: h.id.Pod, Rank: h.id.Rank, Seq: seq, Payload: payload})
+	}
 	sink := w.p.cfg.Sink
 	var blocks uint64
 	for i := range b.Events {
@@ -725,6 +791,9 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 		switch e.Type {
 		case EventBlockStored:
 			blocks += uint64(len(e.BlockHashes))
+			if e.ZeroParent {
+				w.p.c[cZeroParents].Add(1)
+			}
 			// A chunked offload event's block size is not the engine's
 			// hashing block size; the agreement check would blame the
 			// router's settings for it.
@@ -733,7 +802,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				w.checkAgreement(h, e, seq)
 			}
 			if h.content != nil {
-				w.storeContent(h, e)
+				w.storeContent(h, e, seq)
 				continue
 			}
 			switch {
@@ -885,12 +954,19 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		return
 	}
 	h.lastLog = now
-	w.p.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss. "+
-		"Likely causes: a different --prefix-caching-hash-algo, PYTHONHASHSEED (xxhash algorithms need an explicit seed), "+
-		"block size, or VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES setting than the router's hashing.Config; "+
-		"if the engine's hashes cannot be reproduced, use content-key mode",
+	// Diagnose rehashes with every algorithm and a few seeds; the log
+	// interval bounds how often.
+	diag := cause
+	n = min(len(e.BlockHashes), checkBlocks)
+	if req, err := w.request(e, e.TokenIDs[:n*e.BlockSize]); err == nil {
+		if req.Extra != nil {
+			req.Extra = req.Extra[:n]
+		}
+		diag = hashing.Diagnose(cfg, e.BlockSize, req, e.BlockHashes[:n]).Explain(w.p.cfg.ContentKeysHint)
+	}
+	w.p.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss: "+diag,
 		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
-		"router_algo", string(cfg.Algo), "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
+		"router_algo", string(cfg.Algo), "router_seed", cfg.Seed, "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
 		"mismatches", h.c[cHashMismatches].Load())
 }
 

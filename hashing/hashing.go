@@ -1,6 +1,7 @@
 package hashing
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -68,6 +69,8 @@ var (
 	// ErrExtraMode reports an operation that mixes explicit per-block extra
 	// keys with extra keys derived from LoRA, salt and multimodal items.
 	ErrExtraMode = errors.New("hashing: explicit and derived extra keys mixed")
+	// ErrStopped wraps the context's error when BlockKeysContext stops.
+	ErrStopped = errors.New("hashing: stopped")
 )
 
 // Config selects the algorithm, seed and block size. The zero value is vLLM's
@@ -75,9 +78,14 @@ var (
 type Config struct {
 	// Algo is the algorithm; "" means SHA256.
 	Algo Algo
-	// Seed is the engine's PYTHONHASHSEED string; "" means DefaultSeed,
-	// except for XXHash and XXHashCBOR, which require it.
+	// Seed is the engine's PYTHONHASHSEED string. It is set when non-empty
+	// or when SeedSet is true. Unset means vLLM's default for an engine
+	// without PYTHONHASHSEED: DefaultSeed, except for XXHash and XXHashCBOR,
+	// which then hash with a random seed and so require a set one.
 	Seed string
+	// SeedSet makes an empty Seed the seed itself: an engine started with
+	// PYTHONHASHSEED="" hashes the empty string, not DefaultSeed.
+	SeedSet bool
 	// BlockSize is the number of tokens per block; 0 means DefaultBlockSize.
 	BlockSize int
 }
@@ -273,19 +281,22 @@ func (h *Hasher) setup(cfg Config) error {
 	default:
 		return fmt.Errorf("%w: %q", ErrUnknownAlgo, cfg.Algo)
 	}
-	if cfg.Seed == "" {
+	if cfg.Seed == "" && !cfg.SeedSet {
 		if cfg.Algo == XXHash || cfg.Algo == XXHashCBOR {
 			return fmt.Errorf("%w: %s", ErrSeedRequired, cfg.Algo)
 		}
 		cfg.Seed = DefaultSeed
 	}
+	// The normal form: a non-empty seed is set by itself.
+	cfg.SeedSet = cfg.Seed == ""
 	h.cfg = cfg
 	h.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
 	h.root = h.hashSeed()
 	return nil
 }
 
-// Config returns the configuration with defaults filled in.
+// Config returns the configuration with defaults filled in: Seed is the
+// seed hashed, and SeedSet is true only for the empty seed.
 func (h *Hasher) Config() Config { return h.ready().cfg }
 
 // Root returns the parent of block 0: vLLM's NONE_HASH, the hash of the seed.
@@ -337,6 +348,16 @@ func (h *Hasher) sum(d *Digest, buf []byte) uint64 {
 // BlockKeys appends to dst[:0] the event-form key of every full block of req
 // and returns the extended slice.
 func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
+	return h.BlockKeysContext(context.Background(), dst, req)
+}
+
+// BlockKeysContext is BlockKeys that stops when ctx is done, returning the
+// keys hashed so far and an error wrapping ErrStopped and ctx's error. It
+// checks ctx between blocks: every block when extra keys make blocks costly
+// to hash (a long LoRA name is hashed into each), every ctxCheckBlocks
+// blocks otherwise, so a prompt of any size stops within a few blocks'
+// work. A ctx that is never done costs nothing per block.
+func (h *Hasher) BlockKeysContext(ctx context.Context, dst []uint64, req Request) ([]uint64, error) {
 	h.ready()
 	dst = dst[:0]
 	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, false)
@@ -344,8 +365,11 @@ func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
 		return dst, err
 	}
 	c := chain{parent: h.root}
-	out := sink{keys: dst}
+	out := sink{keys: dst, done: ctx.Done()}
 	h.walk(&c, req.Tokens, &d, req.Extra, &out)
+	if out.stopped {
+		return out.keys, fmt.Errorf("%w after %d of %d blocks: %w", ErrStopped, len(out.keys), len(req.Tokens)/h.cfg.BlockSize, context.Cause(ctx))
+	}
 	return out.keys, nil
 }
 
@@ -418,11 +442,18 @@ type derived struct {
 }
 
 // sink receives walk's blocks: their keys, or with wantBlocks whole Blocks.
+// When done is closed walk stops between blocks and sets stopped.
 type sink struct {
 	keys       []uint64
 	blocks     []Block
 	wantBlocks bool
+	done       <-chan struct{}
+	stopped    bool
 }
+
+// ctxCheckBlocks is how many blocks without extra keys walk hashes between
+// two checks of its sink's done channel: about 10-20 µs of SHA-256.
+const ctxCheckBlocks = 32
 
 // walk hashes every full block of tokens, which start at c.pos, advancing c,
 // and appends them to out. Block i's extra keys are extra[i] when extra is
@@ -435,7 +466,20 @@ func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey,
 	*ex = extraSource{}
 	// Most requests have no extra keys; their blocks skip deriving them.
 	plain := extra == nil && d.lora == "" && (d.salt == "" || c.pos > 0) && len(d.mm) == 0
+	every := 1
+	if plain {
+		every = ctxCheckBlocks
+	}
 	for i := range len(tokens) / bs {
+		if out.done != nil && i%every == 0 {
+			select {
+			case <-out.done:
+				out.stopped = true
+				s.ex = extraSource{}
+				return
+			default:
+			}
+		}
 		start := c.pos
 		if !plain {
 			s.mm = d.blockExtra(ex, s.mm, &c.cur, extra, i, start, bs)

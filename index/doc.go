@@ -60,7 +60,8 @@
 // keeps replacing its blocks (removed blocks hold their slots until the
 // table is rebuilt). Config.HolderCapacity (or SetHolderCapacity: the
 // pod's real cache size in blocks) caps one holder; Config.MaxHolderBlocks
-// caps the total. Past either, the oldest holdings are evicted (the
+// caps the total, or Config.MemoryBytes in bytes, at HolderBlockBytes a
+// holding. Past either, the oldest holdings are evicted (the
 // largest holder's, for the total), counted in Stats and logged at debug
 // level, so lost removal events cannot grow the index without bound. A
 // holding removed and stored again keeps its first place in that order

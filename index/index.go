@@ -5,13 +5,32 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v4"
 )
 
-// DefaultMaxHolderBlocks is the total budget when Config.MaxHolderBlocks is
-// zero: about 2 GiB of index at 32 bytes a holding.
+// DefaultMaxHolderBlocks is the total budget when neither
+// Config.MaxHolderBlocks nor Config.MemoryBytes is set: about 2.5 GiB of
+// index at HolderBlockBytes a holding.
 const DefaultMaxHolderBlocks = 64 << 20
+
+// HolderBlockBytes is what one (block, tier) holding costs the index in
+// memory at worst in steady state, a holder that keeps replacing its
+// blocks (BenchmarkMemory/steady: 39-42 bytes): its table slot at the
+// occupancy a rebuild after removals leaves (churnNum/loadDen), and its
+// eviction-queue entry 2.5 times over, as the queue keeps entries of
+// removed blocks until they outnumber the live ones, in slices grown by
+// append. It is computed from the layout, so that it follows it;
+// Config.MemoryBytes is turned into a holding budget with it (see
+// memoryBudget), and TestMemoryBytesBoundsTheLiveHeapAtTheCap checks it
+// against the heap.
+const HolderBlockBytes = int64(unsafe.Sizeof(slot{}))*loadDen/churnNum +
+	5*int64(unsafe.Sizeof(holderState{}.fifoSlot[0])+unsafe.Sizeof(holderState{}.fifoTier[0]))/2
+
+// memoryBudget is the holding budget of a memory budget in bytes: the one
+// place a byte budget maps onto holdings.
+func memoryBudget(bytes int64) int64 { return max(bytes/HolderBlockBytes, 1) }
 
 // Config configures an Index. The zero value is ready to use.
 type Config struct {
@@ -23,8 +42,17 @@ type Config struct {
 	HolderCapacity int
 	// MaxHolderBlocks is the total of holdings over all holders and models;
 	// past it the oldest holdings of the largest holder are evicted. Zero
-	// means DefaultMaxHolderBlocks; negative means no budget.
+	// means DefaultMaxHolderBlocks, unless MemoryBytes is set; negative
+	// means no budget.
 	MaxHolderBlocks int64
+	// MemoryBytes, when positive, bounds the index's memory in bytes: the
+	// holdings are capped at MemoryBytes / HolderBlockBytes (or at
+	// MaxHolderBlocks when that is positive and lower) and evicted past it
+	// as past MaxHolderBlocks. It bounds the index's live data; a process
+	// bounds its resident set by also giving the Go runtime a memory limit
+	// above it (runtime/debug.SetMemoryLimit), or garbage of replaced
+	// tables may double it.
+	MemoryBytes int64
 	// Logger receives evictions and rejected input at debug level, at most
 	// once a second per kind. Nil means slog.Default().
 	Logger *slog.Logger
@@ -41,7 +69,7 @@ type Stats struct {
 	Cleared uint64 // holdings dropped by ClearHolder and RemoveHolder
 
 	EvictedCapacity uint64 // holdings evicted past a holder's capacity
-	EvictedBudget   uint64 // holdings evicted past MaxHolderBlocks
+	EvictedBudget   uint64 // holdings evicted past MaxHolderBlocks or MemoryBytes
 
 	RejectedTier uint64 // stores dropped for an empty tier or too many tiers
 }
@@ -82,7 +110,12 @@ func New(cfg Config) *Index {
 		models: xsync.NewMap[string, *modelState](),
 		caps:   xsync.NewMap[Holder, int64](),
 	}
-	if ix.budget == 0 {
+	switch {
+	case cfg.MemoryBytes > 0 && ix.budget > 0:
+		ix.budget = min(ix.budget, memoryBudget(cfg.MemoryBytes))
+	case cfg.MemoryBytes > 0:
+		ix.budget = memoryBudget(cfg.MemoryBytes)
+	case ix.budget == 0:
 		ix.budget = DefaultMaxHolderBlocks
 	}
 	if ix.log == nil {
@@ -464,6 +497,11 @@ func (ix *Index) HolderBlocks(model string, h Holder) map[string]int {
 	}
 	return out
 }
+
+// Budget returns the most holdings the index keeps over all holders and
+// models, from Config.MaxHolderBlocks and Config.MemoryBytes; negative when
+// there is no budget.
+func (ix *Index) Budget() int64 { return ix.budget }
 
 // Stats returns the index's counters.
 func (ix *Index) Stats() Stats {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -453,4 +455,65 @@ func parentIf(ok bool, p uint64) Parent {
 		return Parent{}
 	}
 	return ParentKey(p)
+}
+
+func TestMemoryBytesBoundsHoldingsAtHolderBlockBytesEach(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config
+		want int64
+	}{
+		{"memory budget", Config{MemoryBytes: 1000 * HolderBlockBytes}, 1000},
+		{"lower holding budget wins", Config{MemoryBytes: 1000 * HolderBlockBytes, MaxHolderBlocks: 600}, 600},
+		{"lower memory budget wins", Config{MemoryBytes: 1000 * HolderBlockBytes, MaxHolderBlocks: 6000}, 1000},
+		{"memory budget without holding budget", Config{MemoryBytes: 1000 * HolderBlockBytes, MaxHolderBlocks: -1}, 1000},
+		{"neither", Config{}, DefaultMaxHolderBlocks},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := New(tc.cfg)
+			require.Equal(t, tc.want, ix.Budget())
+			if tc.want > 10000 {
+				return
+			}
+			for i := range 50 {
+				ix.Store(Blocks{Model: "m", Holder: Holder{Pod: fmt.Sprintf("p%d:1", i%5)}, Tier: TierGPU, Keys: chain(uint64(i+1)<<32, 100)})
+			}
+			st := ix.Stats()
+			require.LessOrEqual(t, st.HolderBlocks, tc.want)
+			require.Equal(t, int64(5000)-st.HolderBlocks, int64(st.EvictedBudget))
+		})
+	}
+}
+
+// At its cap, after eviction has replaced its holdings twice, the index's
+// live heap stays within MemoryBytes: HolderBlockBytes does not undercount.
+func TestMemoryBytesBoundsTheLiveHeapAtTheCap(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a smaller index has a larger share of per-holder overhead, and this one takes 30 s under the race detector")
+	}
+	const budget = 32 << 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ix := New(Config{MemoryBytes: budget})
+	rng := rand.New(rand.NewPCG(3, 4))
+	keys := make([]uint64, 2048)
+	for stored := int64(0); stored < 3*ix.Budget(); {
+		n := 1 + rng.IntN(len(keys))
+		for i := range n {
+			keys[i] = rng.Uint64()
+		}
+		ix.Store(Blocks{Model: "m", Holder: Holder{Pod: fmt.Sprintf("10.3.0.%d:8000", rng.IntN(16))}, Tier: TierGPU, Keys: keys[:n]})
+		stored += int64(n)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	st := ix.Stats()
+	require.NotZero(t, st.EvictedBudget)
+	require.Greater(t, st.HolderBlocks, ix.Budget()*9/10)
+	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d holdings, %.1f heap bytes each, HolderBlockBytes %d", st.HolderBlocks, float64(heap)/float64(st.HolderBlocks), HolderBlockBytes)
+	require.LessOrEqual(t, heap, int64(budget))
+	runtime.KeepAlive(ix)
 }

@@ -49,7 +49,19 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // seqs before calling SaveFile, so that a replay from them re-applies
 // anything the snapshot may already hold (stores and removals are
 // idempotent). Readers and other holders' writers proceed meanwhile.
-func (ix *Index) SaveFile(path string, seqs map[Holder]uint64) (err error) {
+func (ix *Index) SaveFile(path string, seqs map[Holder]uint64) error {
+	return ix.save(path, seqs, false)
+}
+
+// SaveHolders is SaveFile for the holders that have a sequence number in
+// seqs: the others are left out of the file, and kept in the index. A
+// service that saves periodically leaves out holders whose entries it no
+// longer trusts without dropping them from the index it answers from.
+func (ix *Index) SaveHolders(path string, seqs map[Holder]uint64) error {
+	return ix.save(path, seqs, true)
+}
+
+func (ix *Index) save(path string, seqs map[Holder]uint64, only bool) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -67,7 +79,7 @@ func (ix *Index) SaveFile(path string, seqs map[Holder]uint64) (err error) {
 	e.raw([]byte(snapMagic))
 	e.u32(snapVersion)
 	body := e.n
-	ix.encode(e, seqs)
+	ix.encode(e, seqs, only)
 	if e.err != nil {
 		return fmt.Errorf("index: save snapshot: %w", e.err)
 	}
@@ -99,7 +111,8 @@ func (ix *Index) SaveFile(path string, seqs map[Holder]uint64) (err error) {
 	return nil
 }
 
-func (ix *Index) encode(e *encoder, seqs map[Holder]uint64) {
+// encode writes the index; with only, just the holders in seqs.
+func (ix *Index) encode(e *encoder, seqs map[Holder]uint64, only bool) {
 	caps := xsync.ToPlainMap(ix.caps)
 	e.uvarint(uint64(len(caps)))
 	for _, h := range sortedHolders(caps) {
@@ -125,6 +138,12 @@ func (ix *Index) encode(e *encoder, seqs map[Holder]uint64) {
 	for _, name := range names {
 		e.str(name)
 		list := *models[name].list.Load()
+		if only {
+			list = slices.DeleteFunc(slices.Clone(list), func(hs *holderState) bool {
+				_, ok := seqs[hs.h]
+				return !ok
+			})
+		}
 		e.uvarint(uint64(len(list)))
 		for _, hs := range list {
 			hs.mu.Lock()

@@ -227,3 +227,19 @@ func FuzzLoadSnapshot(f *testing.F) {
 		require.NoError(t, got.SaveFile(filepath.Join(t.TempDir(), "again"), nil))
 	})
 }
+
+func TestSaveHoldersLeavesOutHoldersWithoutASequenceAndKeepsThemInTheIndex(t *testing.T) {
+	ix := New(Config{})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(1, 3)})
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierCPU, Keys: chain(1, 5)})
+	ix.Store(Blocks{Model: "n", Holder: podB, Tier: TierGPU, Keys: chain(2, 2)})
+	path := filepath.Join(t.TempDir(), "s")
+	require.NoError(t, ix.SaveHolders(path, map[Holder]uint64{podB: 9}))
+	loaded, seqs, err := LoadFile(path, Config{})
+	require.NoError(t, err)
+	require.Equal(t, map[Holder]uint64{podB: 9}, seqs)
+	require.Equal(t, []HolderModel{{Model: "m", Holder: podB}, {Model: "n", Holder: podB}}, loaded.HolderList())
+	require.Equal(t, map[string]int{TierCPU: 5}, loaded.HolderBlocks("m", podB))
+	require.Equal(t, map[string]int{TierGPU: 3}, ix.HolderBlocks("m", podA), "the index keeps what the file leaves out")
+	require.Equal(t, int64(7), loaded.Stats().HolderBlocks)
+}

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -103,6 +104,10 @@ type pull struct {
 	load     *holderLoad
 	epoch    uint64
 	released *uint64
+	// fleet, when the picker shares pulls with other replicas, hears of
+	// the release too.
+	fleet Fleet
+	token uint64
 }
 
 // Done tells the picker the pull has finished (or failed), so its source no
@@ -115,6 +120,9 @@ type pull struct {
 func (d *Decision) Done() {
 	if d.pull.load != nil && atomic.CompareAndSwapUint64(d.pull.released, 0, 1) {
 		d.pull.load.release(d.pull.epoch)
+		if d.pull.fleet != nil {
+			d.pull.fleet.Ended(d.pull.token)
+		}
 	}
 }
 
@@ -283,13 +291,24 @@ func podHost(pod string) string {
 //
 // Pick allocates only the decision's Missing keys.
 func (p *Picker) Pick(req Request) (Decision, error) {
+	return p.PickContext(context.Background(), req)
+}
+
+// PickContext is Pick that stops when ctx is done: between blocks while
+// hashing the prompt, before the lookup and between the holders it
+// weighs, returning an error that wraps ctx's and no decision.
+func (p *Picker) PickContext(ctx context.Context, req Request) (Decision, error) {
 	if req.Destination.Pod == "" {
 		return Decision{}, ErrNoDestination
 	}
 	s := p.getScratch()
 	defer p.putScratch(s)
-	keys, err := p.keys(&req, s)
+	keys, err := p.keys(ctx, &req, s)
 	if err != nil {
+		return Decision{}, err
+	}
+	done := ctx.Done()
+	if err := stopped(ctx, done, "before the lookup"); err != nil {
 		return Decision{}, err
 	}
 	d := Decision{Destination: req.Destination, Blocks: len(keys), BlockSize: p.blockSize, p2pPort: p.p2pPort}
@@ -309,6 +328,9 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	for _, h := range s.hold {
 		if h == req.Destination {
 			continue
+		}
+		if err := stopped(ctx, done, "weighing sources"); err != nil {
+			return Decision{}, err
 		}
 		c, ok := candidate(req.Candidates, h)
 		if !ok {
@@ -379,6 +401,9 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 		if c.slot != nil {
 			c.weight += float64(c.slot.count(now))
 		}
+		if p.fleet != nil {
+			c.weight += float64(p.fleet.Inflight(c.h))
+		}
 		c.weight = 1 / c.weight
 		total += c.weight
 		band[n] = c
@@ -412,5 +437,8 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	copy(buf, keys[l:l+chosen.gain])
 	d.Missing = buf[:chosen.gain:chosen.gain]
 	d.pull = pull{load: chosen.slot, epoch: now, released: &buf[chosen.gain]}
+	if p.fleet != nil {
+		d.pull.fleet, d.pull.token = p.fleet, p.fleet.Started(chosen.h)
+	}
 	return d, nil
 }

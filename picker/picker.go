@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -104,6 +105,10 @@ type Config struct {
 	P2PPort int
 	// Now is the clock in-flight pulls expire by. Default time.Now.
 	Now func() time.Time
+	// Fleet, when set, shares in-flight pulls with the pickers of other
+	// router replicas, so that a source's load counts every replica's
+	// pulls and not only this picker's. Nil: this picker's alone.
+	Fleet Fleet
 	// Sources, when set, says whether a holder may serve a pull now and,
 	// when it may not, its state ("stale", "disconnected", "conflict"),
 	// which a decision that skipped it reports (Decision.Skipped). A
@@ -114,6 +119,21 @@ type Config struct {
 	// It is called for each holder that could extend the prefix, so it
 	// must be cheap and safe for concurrent use.
 	Sources func(h index.Holder) (state string, ok bool)
+}
+
+// Fleet shares in-flight pulls among the pickers of several router
+// replicas; natsstream.Fleet implements it over NATS JetStream. Pick calls
+// it on its hot path: every method must return at once (publish in the
+// background) and be safe for concurrent use.
+type Fleet interface {
+	// Started records a pull from h that this picker directed; the token
+	// it returns is passed to Ended when the pull is done.
+	Started(h index.Holder) (token uint64)
+	// Ended records that the pull of token is done.
+	Ended(token uint64)
+	// Inflight returns the pulls from h other pickers have in flight,
+	// the ones this picker directed excluded.
+	Inflight(h index.Holder) int
 }
 
 // Candidate is a holder the router allows as a source, with its load.
@@ -167,6 +187,7 @@ type Picker struct {
 	p2pPort     int
 	sources     func(index.Holder) (string, bool)
 	now         func() time.Time
+	fleet       Fleet
 	gran        int64 // in-flight bucket width, ns
 	inflight    inflight
 	seq         atomic.Uint64
@@ -240,6 +261,7 @@ func New(cfg Config) (*Picker, error) {
 		p.p2pPort = DefaultP2PPort
 	}
 	p.now = cfg.Now
+	p.fleet = cfg.Fleet
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -257,7 +279,8 @@ func New(cfg Config) (*Picker, error) {
 func (p *Picker) BlockSize() int { return p.blockSize }
 
 // keys returns req's block keys, hashing its prompt into s when needed.
-func (p *Picker) keys(req *Request, s *scratch) ([]uint64, error) {
+// Hashing stops when ctx is done, with an error wrapping ctx's.
+func (p *Picker) keys(ctx context.Context, req *Request, s *scratch) ([]uint64, error) {
 	if req.Keys != nil {
 		return req.Keys, nil
 	}
@@ -265,11 +288,28 @@ func (p *Picker) keys(req *Request, s *scratch) ([]uint64, error) {
 		return nil, ErrNoKeys
 	}
 	var err error
-	s.keys, err = p.hasher.BlockKeys(s.keys, req.Prompt)
-	if err != nil {
+	s.keys, err = p.hasher.BlockKeysContext(ctx, s.keys, req.Prompt)
+	switch {
+	case errors.Is(err, hashing.ErrStopped):
+		return nil, fmt.Errorf("picker: %w", err)
+	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrHash, err)
 	}
 	return s.keys, nil
+}
+
+// stopped returns ctx's error, wrapped, when done is closed; done is
+// ctx.Done(), nil for a context that is never done.
+func stopped(ctx context.Context, done <-chan struct{}, stage string) error {
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return fmt.Errorf("picker: stopped %s: %w", stage, context.Cause(ctx))
+	default:
+		return nil
+	}
 }
 
 // noHolder is the reason for a prompt no allowed holder has a block of:

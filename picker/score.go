@@ -2,6 +2,7 @@ package picker
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 
@@ -41,11 +42,21 @@ func (s *Score) Tier(t string) int {
 // of, under a model the index knows no holder of while it knows others,
 // fails with ErrUnknownModel.
 func (p *Picker) Score(req Request, dst []Score) ([]Score, error) {
+	return p.ScoreContext(context.Background(), req, dst)
+}
+
+// ScoreContext is Score that stops when ctx is done: between blocks while
+// hashing the prompt and before the lookup, returning an error that wraps
+// ctx's.
+func (p *Picker) ScoreContext(ctx context.Context, req Request, dst []Score) ([]Score, error) {
 	dst = dst[:0]
 	s := p.getScratch()
 	defer p.putScratch(s)
-	keys, err := p.keys(&req, s)
+	keys, err := p.keys(ctx, &req, s)
 	if err != nil {
+		return dst, err
+	}
+	if err := stopped(ctx, ctx.Done(), "before the lookup"); err != nil {
 		return dst, err
 	}
 	if len(keys) > 0 {

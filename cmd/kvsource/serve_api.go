@@ -13,9 +13,6 @@ import (
 	"github.com/kvsource/kvsource/picker"
 )
 
-// serveMaxBody bounds a request body: a 1M-token prompt as JSON is about 8 MB.
-const serveMaxBody = 16 << 20
-
 type serveMMItemJSON struct {
 	ID     string `json:"id"`
 	Offset int    `json:"offset"`
@@ -115,8 +112,7 @@ type serveNotFound struct{ err error }
 func (n serveNotFound) Error() string { return n.err.Error() }
 func (n serveNotFound) Unwrap() error { return n.err }
 
-// serveDecodeJSON decodes a POST body, which instrument bounds to
-// serveMaxBody.
+// serveDecodeJSON decodes a POST body, which admit bounds.
 func serveDecodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
@@ -124,15 +120,28 @@ func serveDecodeJSON(r *http.Request, v any) error {
 		return serveBadRequest{fmt.Errorf("decoding request: %w", err)}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			return serveBadRequest{fmt.Errorf("decoding request: %w", err)}
+		}
 		return serveBadRequest{errors.New("decoding request: trailing data after the JSON object")}
 	}
 	return nil
 }
 
+// serveWriteJSON answers v as JSON. The length is set, so that flushing
+// the answer to learn whether it was delivered keeps it a plain
+// Content-Length response.
 func serveWriteJSON(w http.ResponseWriter, code int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		code, body = http.StatusInternalServerError, fmt.Appendf(nil, `{"error":%q}`, "encoding the answer: "+err.Error())
+	}
+	body = append(body, '\n')
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(body)
 }
 
 func serveTiersJSON(tp []index.TierPrefix) map[string]int {

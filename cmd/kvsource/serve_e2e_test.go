@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os/exec"
 	"slices"
@@ -214,8 +215,10 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	for _, p := range pods {
 		require.Equal(t, model, p.Model)
 		require.Equal(t, "live", p.State, p.Pod)
-		require.Zero(t, p.DecodeErrors, p.Pod)
-		require.Zero(t, p.HashMismatches, p.Pod, "the service hashes as the engines do")
+		require.Zero(t, p.Counters["decode_errors"], p.Pod)
+		require.Zero(t, p.Counters["hash_mismatches"], p.Pod, "the service hashes as the engines do")
+		require.Equal(t, slices.Sorted(maps.Keys(zeroHolderCounters())), slices.Sorted(maps.Keys(p.Counters)),
+			"every per-holder counter of events.Counters, and only those")
 	}
 	var listed []index.Holder
 	var seqs []uint64
@@ -225,8 +228,8 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	}
 	require.Equal(t, []index.Holder{podA, podB, podC0, podC}, listed)
 	require.Equal(t, []uint64{1, 2, 0, 1}, seqs)
-	require.Equal(t, uint64(1), pods[1].Gaps)
-	require.GreaterOrEqual(t, pods[1].Replays, uint64(1))
+	require.Equal(t, uint64(1), pods[1].Counters["gaps"])
+	require.GreaterOrEqual(t, pods[1].Counters["replays"], uint64(1))
 
 	// Scores, against the reference.
 	code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens, "lora_name": lora})

@@ -79,13 +79,14 @@ func TestServeHTTPTimeoutsHaveDefaultsAreAppliedAndMustBePositive(t *testing.T) 
 
 func TestServeClosesTheConnectionAfterAnOversizeBody(t *testing.T) {
 	_, base := startServe(t)
-	body := strings.Repeat(" ", serveMaxBody) + `{"model":"m","tokens":[1]}`
-	resp, err := http.Post(base+"/v1/score", "application/json", strings.NewReader(body))
+	body := strings.Repeat(" ", int(serveBodyLimit(serveDefaultMaxTokens))) + `{"model":"m","tokens":[1]}`
+	// A reader hides the length, so the body is read up to the limit.
+	resp, err := http.Post(base+"/v1/score", "application/json", io.MultiReader(strings.NewReader(body)))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	msg, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", msg)
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "%s", msg)
 	require.Contains(t, string(msg), "too large")
 	require.True(t, resp.Close, "the server keeps the connection open after an oversize body")
 }

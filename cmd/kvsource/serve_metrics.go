@@ -11,7 +11,7 @@ import (
 func (s *serveService) initMetrics() {
 	s.reg = prometheus.NewRegistry()
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvsource_http_requests_total", Help: "HTTP requests by path and status code.",
+		Name: "kvsource_http_requests_total", Help: "HTTP answers written, by path and status code; kvsource_http_aborted_total counts those that could not be.",
 	}, []string{"path", "code"})
 	s.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvsource_pick_decisions_total", Help: "Pick decisions by reason.",

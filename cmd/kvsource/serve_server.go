@@ -43,6 +43,8 @@ type serveService struct {
 	requests  *prometheus.CounterVec
 	decisions *prometheus.CounterVec
 	pulled    prometheus.Counter
+	lim       serveLimiter
+	snap      serveSnapshots
 
 	http     *http.Server
 	ln       net.Listener
@@ -56,6 +58,7 @@ type serveService struct {
 	// snapSeqs are the sequence numbers the snapshot was loaded with; read
 	// only after start-up.
 	snapSeqs map[index.Holder]uint64
+	nats     *serveNATS // nil: standalone
 }
 
 type serveInflightPull struct {
@@ -64,23 +67,38 @@ type serveInflightPull struct {
 }
 
 func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
-	h, err := hashing.New(hashing.Config{Algo: hashing.Algo(cfg.Algo), Seed: cfg.Seed, BlockSize: cfg.BlockSize})
+	// With --keys content the index holds content keys and requests are
+	// hashed the same way; the engines' own keys need not be reproducible
+	// (--algo does not matter), so their agreement is not checked.
+	content := cfg.Keys == serveKeysContent
+	hcfg := cfg.hashingConfig()
+	if content {
+		hcfg = cfg.contentConfig()
+	}
+	h, err := hashing.New(hcfg)
 	if err != nil {
 		return nil, err
 	}
 	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
-	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
+	if s.nats, err = newServeNATS(cfg, log); err != nil {
 		return nil, err
 	}
-	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{
-		Events: events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log},
-		Bind:   cfg.EventsBind,
-	})
+	if s.nats != nil && s.nats.replica != nil {
+		s.idx = s.nats.replica.Index()
+	} else if s.idx, s.snapSeqs, err = s.loadSnapshot(serveIndexConfig(cfg, log)); err != nil {
+		return nil, err
+	}
+	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
+		ReplayDeadline: cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap()}
+	if content {
+		ecfg.ContentKeys, ecfg.Hasher = h, nil
+	}
+	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{Events: ecfg, Bind: cfg.EventsBind, MaxMessageSize: cfg.EventsMaxMessage})
 	if err != nil {
 		return nil, err
 	}
 	for _, pe := range cfg.EventsConnect {
-		if err := s.sub.AddPod(pe.Pod, pe.Endpoint, pe.Replay); err != nil {
+		if err := s.sub.AddPodConfig(zmq.PodConfig{Pod: pe.Pod, Endpoint: pe.Endpoint, Replay: pe.Replay, Model: pe.Model}); err != nil {
 			return nil, fmt.Errorf("--events-connect %s: %w", pe.Pod, err)
 		}
 	}
@@ -89,12 +107,12 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 			return nil, fmt.Errorf("--events-replay %s: %w", pe.Pod, err)
 		}
 	}
-	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 {
+	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 && cfg.NATS.Role != serveRoleReplica {
 		log.Warn("kvsource serve: no --events-bind or --events-connect: the index changes only by snapshot")
 	}
 	pcfg := picker.Config{
 		Index: s.idx, Hasher: h, MinCachedTokenDelta: cfg.MinCachedTokenDelta,
-		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL,
+		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL, Fleet: s.nats.pickerFleet(),
 	}
 	if cfg.Calibration != "" {
 		cal, err := serveLoadCalibration(cfg.Calibration)
@@ -112,15 +130,16 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	s.initMetrics()
+	s.nats.registerMetrics(s.reg)
+	s.initLimits()
+	s.initSnapshotMetrics()
+	s.initMemoryMetrics()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/score", s.instrument("/v1/score", s.handleScore))
 	mux.HandleFunc("POST /v1/pick", s.instrument("/v1/pick", s.handlePick))
 	mux.HandleFunc("POST /v1/done", s.instrument("/v1/done", s.handleDone))
 	mux.HandleFunc("GET /v1/pods", s.instrument("/v1/pods", s.handlePods))
-	mux.HandleFunc("GET /healthz", s.instrument("/healthz", func(w http.ResponseWriter, _ *http.Request) error {
-		serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-		return nil
-	}))
+	mux.HandleFunc("GET /healthz", s.instrument("/healthz", s.handleHealth))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	// Without these a client that stalls mid-body, never reads its answer or
 	// keeps idle connections open holds a connection and its goroutine
@@ -128,26 +147,6 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	s.http = &http.Server{Handler: s.muxErrors(mux), ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
 		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, IdleTimeout: cfg.IdleTimeout}
 	return s, nil
-}
-
-// serveLoadSnapshot returns the snapshot's index and per-holder sequence
-// numbers, or an empty index when there is no snapshot (yet).
-func serveLoadSnapshot(path string, log *slog.Logger) (*index.Index, map[index.Holder]uint64, error) {
-	cfg := index.Config{Logger: log}
-	if path == "" {
-		return index.New(cfg), nil, nil
-	}
-	idx, seqs, err := index.LoadFile(path, cfg)
-	if errors.Is(err, os.ErrNotExist) {
-		log.Info("kvsource serve: no snapshot yet, starting empty", "snapshot", path)
-		return index.New(cfg), nil, nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	st := idx.Stats()
-	log.Info("kvsource serve: snapshot loaded", "snapshot", path, "holders", st.Holders, "holdings", st.HolderBlocks)
-	return idx, seqs, nil
 }
 
 type serveCalibrationJSON struct {
@@ -192,13 +191,15 @@ func (s *serveService) Start(ctx context.Context) error {
 	s.subDone = done
 	go func() { done <- s.sub.Run(subCtx) }()
 	go s.forgetExpiredPulls(subCtx)
+	s.nats.start(subCtx)
+	s.startSnapshots(subCtx)
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("kvsource serve: http", "err", err)
 		}
 	}()
 	s.log.Info("kvsource serve: started", "http", ln.Addr().String(), "bind", s.cfg.EventsBind,
-		"connect", len(s.cfg.EventsConnect), "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
+		"connect", len(s.cfg.EventsConnect), "keys", s.cfg.Keys, "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
 	return nil
 }
 
@@ -225,17 +226,20 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it")
 			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop: %w", ctx.Err()))
 		}
+		s.nats.stop()
 		if s.cfg.Snapshot != "" {
-			err = errors.Join(err, s.saveSnapshot())
+			err = errors.Join(err, s.finalSnapshot())
 		}
 	})
 	return err
 }
 
 // saveSnapshot saves the index with each holder's last applied sequence
-// number, so that a restart replays only what it missed. A stale holder's
-// entries may include blocks its engine no longer has; they are dropped
-// rather than saved as if they were exact.
+// number, so that a restart replays only what it missed: every
+// --snapshot-interval while events flow, and a final time at shutdown. A
+// stale holder's entries may include blocks its engine no longer has; they
+// are left out of the file rather than saved as if they were exact, and
+// kept in the index the service answers from.
 //
 // A holder the loaded snapshot brought in and whose pod has not published
 // since (listed "stale" in /v1/pods) is saved again with the sequence number
@@ -244,19 +248,27 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 // holder whose pod never comes back therefore stays, with its old number and
 // listed stale, across restarts. One without a loaded number (its pod is
 // never heard from under any model and the snapshot has no number for it)
-// could never be checked or replayed, so it is dropped. Holders that are
-// dropped are removed from the index in every model, so no empty holder is
-// saved either.
+// could never be checked or replayed, so it is left out. A holder is left
+// out in every model.
 //
-// The sequence numbers are read before SaveFile reads the index, and must
-// stay so: a worker publishes a batch's sequence number only after applying
-// the batch, so every batch up to a number read here is in the index
-// SaveFile then writes. Read after, a batch applied in between would be
-// claimed but missing and never replayed; read before, the snapshot may
-// hold batches past the saved number, and replaying them after a restart
-// is idempotent. Shutdown stops the subscriber first, so this order only
-// matters should a snapshot ever be saved while events flow.
-func (s *serveService) saveSnapshot() error {
+// The sequence numbers are read before SaveHolders reads the index, and
+// must stay so: a worker publishes a batch's sequence number only after
+// applying the batch, so every batch up to a number read here is in the
+// index SaveHolders then writes. Read after, a batch applied in between
+// would be claimed but missing and never replayed; read before, the
+// snapshot may hold batches past the saved number, and replaying them after
+// a restart is idempotent.
+//
+// Per-holder lines are logged at the final save; periodic saves log them at
+// debug level, so that a pod gone for good is not logged every interval.
+func (s *serveService) saveSnapshot(final bool) error {
+	s.snap.mu.Lock()
+	defer s.snap.mu.Unlock()
+	level := slog.LevelDebug
+	if final {
+		level = slog.LevelWarn
+	}
+	ctx := context.Background()
 	list := s.idx.HolderList()
 	status := s.sub.Status()
 	seqs := map[index.Holder]uint64{}
@@ -267,7 +279,7 @@ func (s *serveService) saveSnapshot() error {
 			continue
 		}
 		stale[st.Holder()] = true
-		s.log.Warn("kvsource serve: stale holder left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model, "last_seq", st.LastSeq)
+		s.log.Log(ctx, level, "kvsource serve: stale holder left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model, "last_seq", st.LastSeq)
 	}
 	for _, hm := range serveUnseen(list, status) {
 		h := hm.Holder
@@ -276,19 +288,23 @@ func (s *serveService) saveSnapshot() error {
 		}
 		if seq, ok := s.snapSeqs[h]; ok {
 			seqs[h] = seq
-			s.log.Info("kvsource serve: holder not heard from since the snapshot saved with its loaded sequence number", "pod", h.Pod, "rank", h.Rank, "model", hm.Model, "last_seq", seq)
+			s.log.Log(ctx, min(level, slog.LevelInfo), "kvsource serve: holder not heard from since the snapshot saved with its loaded sequence number", "pod", h.Pod, "rank", h.Rank, "model", hm.Model, "last_seq", seq)
 			continue
 		}
 		stale[h] = true
-		s.log.Warn("kvsource serve: holder without a sequence number left out of the snapshot", "pod", h.Pod, "rank", h.Rank, "model", hm.Model)
+		s.log.Log(ctx, level, "kvsource serve: holder without a sequence number left out of the snapshot", "pod", h.Pod, "rank", h.Rank, "model", hm.Model)
 	}
+	// A holder stale under one model is left out under all.
 	for h := range stale {
-		s.idx.RemoveHolder(h)
+		delete(seqs, h)
 	}
-	if err := s.idx.SaveFile(s.cfg.Snapshot, seqs); err != nil {
+	if err := s.idx.SaveHolders(s.cfg.Snapshot, seqs); err != nil {
+		s.snap.saveErrors.Inc()
 		return err
 	}
-	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs))
+	s.snap.saves.Inc()
+	s.snap.lastSave.SetToCurrentTime()
+	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs), "left_out", len(stale), "final", final)
 	return nil
 }
 
@@ -311,33 +327,22 @@ func serveUnseen(list []index.HolderModel, status []events.HolderStatus) []index
 	return out
 }
 
-// instrument bounds request bodies to serveMaxBody, counts requests by path
-// and status and turns handler errors into JSON error responses: 400 for the
-// client's mistakes, 500 otherwise.
+// instrument admits requests within the service's limits (see admit),
+// counts them by path and the status the client got, and turns handler
+// errors into JSON error responses: 400 for the client's mistakes, 413 for
+// a request over a size limit, 503 past the deadline, 500 otherwise.
 func (s *serveService) instrument(path string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		// The server's own ResponseWriter, not the recorder: through it
-		// the limit marks the connection to be closed after the answer,
-		// rather than left to read the rest of an oversize body.
-		r.Body = http.MaxBytesReader(w, r.Body, serveMaxBody)
+		r, release, ok := s.admit(w, r, path)
+		if !ok {
+			return
+		}
+		defer release()
 		rec := &serveStatusRecorder{ResponseWriter: w, code: http.StatusOK}
 		if err := h(rec, r); err != nil {
-			code := http.StatusInternalServerError
-			var br serveBadRequest
-			var nf serveNotFound
-			switch {
-			case errors.As(err, &br):
-				code = http.StatusBadRequest
-				s.log.Info("kvsource serve: bad request", "path", path, "remote", r.RemoteAddr, "err", err)
-			case errors.As(err, &nf):
-				code = http.StatusNotFound
-				s.log.Info("kvsource serve: not found", "path", path, "remote", r.RemoteAddr, "err", err)
-			default:
-				s.log.Error("kvsource serve: request failed", "path", path, "remote", r.RemoteAddr, "err", err)
-			}
-			serveWriteJSON(rec, code, serveErrorJSON{Error: err.Error()})
+			s.answerError(rec, r, path, err)
 		}
-		s.requests.WithLabelValues(path, strconv.Itoa(rec.code)).Inc()
+		s.countAnswer(w, path, rec.code)
 	}
 }
 
@@ -406,7 +411,15 @@ func (s *serveService) handleScore(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return serveBadRequest{err}
 	}
-	scores, err := s.pk.Score(picker.Request{Model: req.Model, Prompt: prompt}, nil)
+	if err := s.checkPrompt(&req.servePromptJSON); err != nil {
+		return err
+	}
+	for _, p := range req.Pods {
+		if err := serveCheckField("pods", p); err != nil {
+			return err
+		}
+	}
+	scores, err := s.pk.ScoreContext(r.Context(), picker.Request{Model: req.Model, Prompt: prompt}, nil)
 	if err != nil {
 		return servePickerError(err)
 	}
@@ -444,6 +457,14 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return serveBadRequest{err}
 	}
+	if err := s.checkPrompt(&req.servePromptJSON); err != nil {
+		return err
+	}
+	for _, f := range []struct{ name, v string }{{"request_id", req.RequestID}, {"destination", req.Destination}} {
+		if err := serveCheckField(f.name, f.v); err != nil {
+			return err
+		}
+	}
 	if req.Destination == "" {
 		return serveBadRequest{errors.New(`"destination" is required`)}
 	}
@@ -461,7 +482,7 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	if preq.Candidates, err = s.candidates(req.Model, req.Candidates); err != nil {
 		return err
 	}
-	d, err := s.pk.Pick(preq)
+	d, err := s.pk.PickContext(r.Context(), preq)
 	if err != nil {
 		return servePickerError(err)
 	}
@@ -508,6 +529,9 @@ func (s *serveService) candidates(model string, in []serveCandidateJSON) ([]pick
 	for _, c := range in {
 		if c.Pod == "" {
 			return nil, serveBadRequest{errors.New(`candidate without "pod"`)}
+		}
+		if err := serveCheckField("candidates pod", c.Pod); err != nil {
+			return nil, err
 		}
 		if c.Waiting < 0 || c.Load < 0 {
 			return nil, serveBadRequest{fmt.Errorf("candidate %s: negative load", c.Pod)}
@@ -571,6 +595,9 @@ func (s *serveService) handleDone(w http.ResponseWriter, r *http.Request) error 
 	if req.RequestID == "" {
 		return serveBadRequest{errors.New(`"request_id" is required`)}
 	}
+	if err := serveCheckField("request_id", req.RequestID); err != nil {
+		return err
+	}
 	p, ok := s.pulls.LoadAndDelete(req.RequestID)
 	if ok {
 		p.d.Done()
@@ -624,36 +651,64 @@ func servePickerError(err error) error {
 }
 
 type servePodJSON struct {
-	Pod            string         `json:"pod"`
-	Model          string         `json:"model"`
-	DPRank         int            `json:"dp_rank"`
-	Blocks         map[string]int `json:"blocks"`
-	LastSeq        uint64         `json:"last_seq"`
-	Gaps           uint64         `json:"gaps"`
-	Replays        uint64         `json:"replays"`
-	DecodeErrors   uint64         `json:"decode_errors"`
-	HashMismatches uint64         `json:"hash_mismatches"`
-	ChunkedOffload uint64         `json:"chunked_offload"`
-	State          string         `json:"state"`
-	InflightPulls  int            `json:"inflight_pulls"`
+	Pod           string         `json:"pod"`
+	Model         string         `json:"model"`
+	DPRank        int            `json:"dp_rank"`
+	Blocks        map[string]int `json:"blocks"`
+	LastSeq       uint64         `json:"last_seq"`
+	State         string         `json:"state"`
+	InflightPulls int            `json:"inflight_pulls"`
+	// Counters are the holder's counters of events.Counters, by name; they
+	// are rendered as fields of the pod beside the ones above.
+	Counters map[string]uint64 `json:"-"`
+}
+
+// serveHolderCounters returns st's per-holder counters by their
+// events.Counters names.
+func serveHolderCounters(st *events.HolderStatus) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, c := range events.Counters {
+		if c.Holder != nil {
+			m[c.Name] = *c.Holder(st)
+		}
+	}
+	return m
+}
+
+// MarshalJSON renders the pod's fields and its counters as one object.
+func (p servePodJSON) MarshalJSON() ([]byte, error) {
+	type fields servePodJSON // without this method
+	b, err := json.Marshal(fields(p))
+	if err != nil || len(p.Counters) == 0 {
+		return b, err
+	}
+	c, err := json.Marshal(p.Counters)
+	if err != nil {
+		return nil, err
+	}
+	// {"pod":...} and {"gaps":...} become {"pod":...,"gaps":...}.
+	return append(append(b[:len(b)-1], ','), c[1:]...), nil
 }
 
 // handlePods lists every holder the subscriber knows, and every holder the
 // snapshot brought in whose pod has not published since, as stale with the
 // sequence number it was loaded with.
 func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error {
+	if s.nats != nil && s.nats.replica != nil {
+		s.handleReplicaPods(w, r)
+		return nil
+	}
 	list := s.idx.HolderList()
 	status := s.sub.Status()
 	pods := []servePodJSON{}
 	for _, st := range status {
 		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: s.holderBlocks(st.Model, st.Holder()),
-			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
-			HashMismatches: st.HashMismatches, ChunkedOffload: st.ChunkedOffload, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
+			LastSeq: st.LastSeq, State: st.State, InflightPulls: s.pk.Inflight(st.Holder()), Counters: serveHolderCounters(&st)})
 	}
 	for _, hm := range serveUnseen(list, status) {
 		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
 			Blocks: s.holderBlocks(hm.Model, hm.Holder), LastSeq: s.snapSeqs[hm.Holder], State: "stale",
-			InflightPulls: s.pk.Inflight(hm.Holder)})
+			InflightPulls: s.pk.Inflight(hm.Holder), Counters: serveHolderCounters(&events.HolderStatus{})})
 	}
 	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
 		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})

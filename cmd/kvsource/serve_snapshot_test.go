@@ -39,8 +39,10 @@ func TestServeListsExpandsAndKeepsSnapshotHoldersNotYetHeardFrom(t *testing.T) {
 	var pods struct{ Pods []servePodJSON }
 	require.NoError(t, json.Unmarshal(body, &pods))
 	require.Equal(t, []servePodJSON{
-		{Pod: rank1.Pod, Model: model, DPRank: 1, Blocks: map[string]int{"GPU": 0, "CPU": 8}, LastSeq: 41, State: "stale"},
-		{Pod: noSeq.Pod, Model: model, Blocks: map[string]int{"GPU": 2, "CPU": 0}, State: "stale"},
+		{Pod: rank1.Pod, Model: model, DPRank: 1, Blocks: map[string]int{"GPU": 0, "CPU": 8}, LastSeq: 41, State: "stale",
+			Counters: zeroHolderCounters()},
+		{Pod: noSeq.Pod, Model: model, Blocks: map[string]int{"GPU": 2, "CPU": 0}, State: "stale",
+			Counters: zeroHolderCounters()},
 	}, pods.Pods)
 
 	// A candidate without dp_rank stands for the ranks the snapshot knows.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -68,6 +70,43 @@ func serveCall(t *testing.T, method, url string, body any) (int, []byte) {
 	return resp.StatusCode, out
 }
 
+// UnmarshalJSON reads a pod of /v1/pods: the fields it names, and every
+// other field into Counters, so that tests see what the service rendered.
+func (p *servePodJSON) UnmarshalJSON(b []byte) error {
+	type fields servePodJSON // without this method
+	if err := json.Unmarshal(b, (*fields)(p)); err != nil {
+		return err
+	}
+	var all map[string]json.RawMessage
+	if err := json.Unmarshal(b, &all); err != nil {
+		return err
+	}
+	for _, known := range []string{"pod", "model", "dp_rank", "blocks", "last_seq", "state", "inflight_pulls"} {
+		delete(all, known)
+	}
+	p.Counters = map[string]uint64{}
+	for name, raw := range all {
+		var v uint64
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("pod field %q: %w", name, err)
+		}
+		p.Counters[name] = v
+	}
+	return nil
+}
+
+// zeroHolderCounters is what /v1/pods shows of a holder that counted
+// nothing: each per-holder counter of events.Counters at zero.
+func zeroHolderCounters() map[string]uint64 {
+	m := map[string]uint64{}
+	for _, c := range events.Counters {
+		if c.Holder != nil {
+			m[c.Name] = 0
+		}
+	}
+	return m
+}
+
 func TestServeParsesFlags(t *testing.T) {
 	cfg, err := parseServeFlags([]string{
 		"--events-bind", "tcp://*:5557", "--events-bind", "tcp://127.0.0.1:5558",
@@ -86,6 +125,7 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Equal(t, []servePodEndpoint{{Pod: "10.0.0.3:8000", Replay: "tcp://10.0.0.3:5558"}}, cfg.EventsReplay)
 	require.Equal(t, "xxhash", cfg.Algo)
 	require.Equal(t, "42", cfg.Seed)
+	require.True(t, cfg.SeedSet)
 	require.Equal(t, 64, cfg.BlockSize)
 	require.Equal(t, 2048, cfg.MinCachedTokenDelta)
 	require.Equal(t, "/tmp/s", cfg.Snapshot)
@@ -114,6 +154,79 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Contains(t, stdout.String(), "POST /v1/pick")
 }
 
+func TestServeParsesKeysAndPodModels(t *testing.T) {
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, serveKeysEngine, cfg.Keys)
+
+	cfg, err = parseServeFlags([]string{"--keys", "content",
+		"--events-connect", "a=tcp://h:1,model=Qwen/Qwen3-0.6B@v2",
+		"--events-connect", "b=tcp://h:2,model=m,replay=tcp://h:3",
+		"--events-connect", "c=tcp://h:4,replay=tcp://h:5",
+	}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, serveKeysContent, cfg.Keys)
+	require.Equal(t, []servePodEndpoint{
+		{Pod: "a", Endpoint: "tcp://h:1", Model: "Qwen/Qwen3-0.6B@v2"},
+		{Pod: "b", Endpoint: "tcp://h:2", Replay: "tcp://h:3", Model: "m"},
+		{Pod: "c", Endpoint: "tcp://h:4", Replay: "tcp://h:5"},
+	}, cfg.EventsConnect)
+	require.Equal(t, hashing.Content, mustContentHasher(t, cfg).Config().Algo)
+
+	// --algo does not matter to content keys: an xxhash algorithm without
+	// a seed, which engine keys refuse, starts.
+	cfg, err = parseServeFlags([]string{"--keys", "content", "--algo", "xxhash", "--http", "127.0.0.1:0"}, io.Discard)
+	require.NoError(t, err)
+	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	require.Equal(t, hashing.Content, s.hasher.Config().Algo)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--keys", "engines"}, `--keys "engines": want engine or content`},
+		{[]string{"--algo", "content"}, "use --keys content"},
+		{[]string{"--events-connect", "a=tcp://h:1,model="}, "unknown option"},
+		{[]string{"--events-connect", "a=tcp://h:1,model=x,model=y"}, "given twice"},
+		{[]string{"--events-connect", "a=tcp://h:1,lora=x"}, "[,model=MODEL]"},
+		{[]string{"--events-replay", "a=tcp://h:1,model=x"}, "want POD=tcp://HOST:PORT"},
+	} {
+		_, err := parseServeFlags(tc.args, io.Discard)
+		require.ErrorContains(t, err, tc.want, "%q", tc.args)
+	}
+}
+
+func mustContentHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
+	t.Helper()
+	h, err := hashing.New(cfg.contentConfig())
+	require.NoError(t, err)
+	return h
+}
+
+func TestServeSeedFlagTellsUnsetFromEmpty(t *testing.T) {
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.False(t, cfg.SeedSet)
+	require.Equal(t, hashing.DefaultSeed, mustHasher(t, cfg).Config().Seed)
+
+	cfg, err = parseServeFlags([]string{"--seed", ""}, io.Discard)
+	require.NoError(t, err)
+	require.True(t, cfg.SeedSet)
+	h := mustHasher(t, cfg)
+	require.Equal(t, "", h.Config().Seed)
+	empty, err := hashing.New(hashing.Config{SeedSet: true})
+	require.NoError(t, err)
+	require.Equal(t, empty.Root(), h.Root())
+}
+
+func mustHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
+	t.Helper()
+	h, err := hashing.New(cfg.hashingConfig())
+	require.NoError(t, err)
+	return h
+}
+
 func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 	_, base := startServe(t)
 	cases := []struct {
@@ -133,7 +246,6 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		{"candidate without pod", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"waiting":1}]}`, "without \"pod\""},
 		{"negative candidate rank", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":"q:1","dp_rank":-1}]}`, "negative dp_rank"},
 		{"negative destination rank", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","destination_dp_rank":-2}`, "must not be negative"},
-		{"body over the size limit", "POST", "/v1/score", strings.Repeat(" ", serveMaxBody) + `{"model":"m","tokens":[1]}`, "too large"},
 		{"bad multimodal item", "POST", "/v1/score", `{"model":"m","tokens":[1,2,3],"mm_items":[{"id":"img","offset":-4,"length":2}]}`, "hashing"},
 		{"done without request id", "POST", "/v1/done", `{}`, `"request_id" is required`},
 	}
@@ -209,7 +321,7 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 }
 
 // FuzzServeRequests posts arbitrary bodies to the JSON endpoints: every
-// answer is 200 or a 400 with a JSON error, never a 500 or a panic.
+// answer is 200 or a 400 or 413 with a JSON error, never a 500 or a panic.
 func FuzzServeRequests(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"destination":"p:1"}`,
@@ -238,8 +350,8 @@ func FuzzServeRequests(f *testing.F) {
 		for path, h := range handlers {
 			rec := httptest.NewRecorder()
 			h(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
-			require.Contains(t, []int{http.StatusOK, http.StatusBadRequest}, rec.Code, "%s %s: %s", path, body, rec.Body)
-			if rec.Code == http.StatusBadRequest {
+			require.Contains(t, []int{http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge}, rec.Code, "%s %s: %s", path, body, rec.Body)
+			if rec.Code != http.StatusOK {
 				var e serveErrorJSON
 				require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &e))
 				require.NotEmpty(t, e.Error)

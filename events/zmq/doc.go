@@ -12,6 +12,12 @@
 // events are in the index. Replies to a replay request are read in both of
 // vLLM's formats (v0.25's and v0.26's).
 //
+// A pod's model is its PodConfig.Model, else its topic's (llm-d's
+// kv@POD@MODEL). vLLM's default topic is empty, so a bind-mode message
+// naming no pod, or any message left without a model, is dropped, counted
+// by reason (events.Stats.EmptyTopic, UnknownTopic, NoModel) and logged
+// with the fix, each reason at most once a second.
+//
 // A ZMQ publisher drops what it sends before a subscriber's subscription
 // reaches it (the "slow joiner"), whichever side binds. A publisher that
 // must not lose its first batches waits for Publisher.WaitSubscribed, or

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -38,6 +39,90 @@ func runPyPublisher(t *testing.T, args []string, batches ...map[string]any) {
 	cmd.Stdin = &in
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "publisher output:\n%s", out)
+}
+
+// pyPublisher is a running model of vLLM's publisher that the test feeds
+// batches as it goes, for tests that must first know the subscription is
+// in place.
+type pyPublisher struct {
+	t      *testing.T
+	in     io.WriteCloser
+	out    testenv.SyncBuffer
+	exited chan error
+}
+
+// startPyPublisher starts the publisher with args and no warm-up: the test
+// waits with handshake instead.
+func startPyPublisher(t *testing.T, args ...string) *pyPublisher {
+	t.Helper()
+	python := testenv.Python(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	args = append([]string{testenv.Shared(t, "interop", "vllm_publisher.py"), "--warmup", "0", "--linger", "0.2"}, args...)
+	cmd := exec.CommandContext(ctx, python, args...)
+	p := &pyPublisher{t: t, exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = &p.out, &p.out
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	p.in = in
+	require.NoError(t, cmd.Start())
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.in.Close()
+		<-p.exited
+	})
+	return p
+}
+
+// send has the publisher publish batches, in order.
+func (p *pyPublisher) send(batches ...map[string]any) {
+	p.t.Helper()
+	for _, b := range batches {
+		line, err := json.Marshal(b)
+		require.NoError(p.t, err)
+		_, err = p.in.Write(append(line, '\n'))
+		require.NoError(p.t, err, "publisher output:\n%s", p.out.String())
+	}
+}
+
+// handshake publishes empty batches until s has applied one of h's: a PUB
+// socket drops what it sends before the subscription reaches it, and sends
+// everything after. It returns how many it published, the sequence number
+// of the publisher's next batch.
+func (p *pyPublisher) handshake(s *Subscriber, h index.Holder) uint64 {
+	p.t.Helper()
+	var n uint64
+	deadline := time.Now().Add(waitLong)
+	for time.Now().Before(deadline) {
+		p.send(map[string]any{"events": []any{}, "dp_rank": h.Rank})
+		n++
+		// One empty batch per 50 ms at most; one applied ends the wait.
+		for range 10 {
+			if _, ok := s.LastSeq(h); ok {
+				return n
+			}
+			select {
+			case err := <-p.exited:
+				p.t.Fatalf("publisher exited during the handshake: %v\n%s", err, p.out.String())
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	p.t.Fatalf("no batch of %d published reached the subscriber", n)
+	return 0
+}
+
+// wait closes the publisher's input and waits for it to exit cleanly.
+func (p *pyPublisher) wait() {
+	p.t.Helper()
+	require.NoError(p.t, p.in.Close())
+	select {
+	case err := <-p.exited:
+		p.exited <- err // for the cleanup
+		require.NoError(p.t, err, "publisher output:\n%s", p.out.String())
+	case <-time.After(waitLong):
+		p.t.Fatalf("publisher did not exit:\n%s", p.out.String())
+	}
 }
 
 func pyStored(hashes []uint64, parent any, tokens []uint32, extra ...any) map[string]any {
@@ -95,27 +180,32 @@ func TestInteropWithVLLMPublisherModel(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			port := testenv.FreePort(t)
 			tee := eventstest.NewTeeSink()
 			sink := tee.Rec
 			cfg := SubscriberConfig{Events: events.Config{Sink: tee}, TopicPrefix: "kv@"}
 			args := append([]string{"--topic", topic}, tc.args...)
+			var s *Subscriber
 			if tc.bind {
-				cfg.Bind = []string{localEP(port)}
-				args = append(args, "--endpoint", localEP(port))
+				// Port 0: a port picked free beforehand may be taken by
+				// then, as the local end of another test's connection.
+				cfg.Bind = []string{localEP(0)}
+				s = startSubscriber(t, cfg)
+				args = append(args, "--endpoint", s.Addrs()[0])
 			} else {
+				port := testenv.FreePort(t)
 				args = append(args, "--endpoint", anyEP(port))
-			}
-			s := startSubscriber(t, cfg)
-			if !tc.bind {
+				s = startSubscriber(t, cfg)
 				require.NoError(t, s.AddPod(h.Pod, localEP(port), ""))
 			}
-			runPyPublisher(t, args, tc.batches...)
+			pub := startPyPublisher(t, args...)
+			first := pub.handshake(s, h)
+			pub.send(tc.batches...)
+			pub.wait()
 			requireKeys(t, sink, "org/llama@v2", h, "GPU", tc.gpu...)
 			requireKeys(t, sink, "org/llama@v2", h, "CPU", tc.cpu...)
 			requireIndexHolds(t, tee.Index, "org/llama@v2", h, map[string][]uint64{"GPU": tc.gpu, "CPU": tc.cpu})
 			st := statusOf(s, h)
-			require.Equal(t, uint64(len(tc.batches)-1), st.LastSeq)
+			require.Equal(t, first+uint64(len(tc.batches)-1), st.LastSeq)
 			require.Zero(t, st.Gaps)
 			require.Zero(t, s.Stats().DecodeErrors)
 		})
@@ -203,26 +293,31 @@ func TestInteropHashMismatchIsReportedOnlyForAnotherSeed(t *testing.T) {
 		name       string
 		cfg        hashing.Config
 		mismatches uint64
+		// cause is in the log line: the diagnosis of the likely cause.
+		cause string
 	}{
-		{"same settings", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "engine-seed", BlockSize: 4}, 0},
-		{"another seed", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "router-seed", BlockSize: 4}, 3},
-		{"another algorithm", hashing.Config{Algo: hashing.SHA256, Seed: "engine-seed", BlockSize: 4}, 3},
-		{"another block size", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "engine-seed", BlockSize: 16}, 3},
+		{"same settings", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "engine-seed", BlockSize: 4}, 0, ""},
+		// An uncommon seed is not found: the diagnosis names random seeds.
+		{"another seed", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "router-seed", BlockSize: 4}, 3, hashing.DefaultSeedChange},
+		{"another algorithm", hashing.Config{Algo: hashing.SHA256, Seed: "engine-seed", BlockSize: 4}, 3, "set --algo sha256_cbor"},
+		{"another block size", hashing.Config{Algo: hashing.SHA256CBOR, Seed: "engine-seed", BlockSize: 16}, 3, "set --block-size 4"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			router, err := hashing.New(tc.cfg)
 			require.NoError(t, err)
-			port := testenv.FreePort(t)
 			sink := eventstest.NewRecSink()
 			var logs testenv.SyncBuffer
-			s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Hasher: router, Logger: testenv.TextLogger(&logs)}, Bind: []string{localEP(port)}})
-			runPyPublisher(t, []string{"--topic", "kv@pod@m", "--endpoint", localEP(port)}, batches...)
+			s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Hasher: router, Logger: testenv.TextLogger(&logs)}, Bind: []string{localEP(0)}})
 			h := index.Holder{Pod: "pod"}
+			pub := startPyPublisher(t, "--topic", "kv@pod@m", "--endpoint", s.Addrs()[0])
+			first := pub.handshake(s, h)
+			pub.send(batches...)
+			pub.wait()
 			// Wait for the last batch to be applied whole: its check, its
 			// mismatch count and its log line come in that order.
-			require.Eventually(t, func() bool { seq, ok := s.LastSeq(h); return ok && seq == uint64(len(batches)-1) },
+			require.Eventually(t, func() bool { seq, ok := s.LastSeq(h); return ok && seq == first+uint64(len(batches)-1) },
 				waitLong, 10*time.Millisecond)
 			st := statusOf(s, h)
 			require.Equal(t, uint64(3), st.HashChecks)
@@ -234,7 +329,7 @@ func TestInteropHashMismatchIsReportedOnlyForAnotherSeed(t *testing.T) {
 			}
 			require.Eventually(t, func() bool { return strings.Contains(logs.String(), "disagree") }, waitLong, 5*time.Millisecond)
 			require.Equal(t, 1, bytes.Count([]byte(logs.String()), []byte("disagree")), "one log line per holder and interval")
-			require.Contains(t, logs.String(), "PYTHONHASHSEED")
+			require.Contains(t, logs.String(), tc.cause)
 			require.Contains(t, logs.String(), "pod=pod")
 		})
 	}

@@ -69,6 +69,10 @@ func (src *source) Replay(ctx context.Context, h index.Holder, from uint64, fn f
 	poller.Add(sock, zmq4.POLLIN)
 	// idle bounds the wait for the next message; the caller's ctx bounds
 	// the whole replay, since a trickling endpoint never lets idle run out.
+	// Once replies flow, vLLM sends them back to back (it answers a replay
+	// in one loop), so a pause of a tenth of the timeout means its ROUTER
+	// dropped the rest: the replay ends with ErrReplayTimeout at once, and
+	// the caller asks again from what it misses.
 	idle := time.Now().Add(src.timeout)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -76,7 +80,7 @@ func (src *source) Replay(ctx context.Context, h index.Holder, from uint64, fn f
 		}
 		left := time.Until(idle)
 		if left <= 0 {
-			return fmt.Errorf("replay %s: no reply message for %v: %w", endpoint, src.timeout, events.ErrReplayTimeout)
+			return fmt.Errorf("replay %s: no reply message in time: %w", endpoint, events.ErrReplayTimeout)
 		}
 		polled, err := poller.Poll(min(left, replayPoll))
 		if err != nil {
@@ -89,7 +93,6 @@ func (src *source) Replay(ctx context.Context, h index.Holder, from uint64, fn f
 		if err != nil {
 			return fmt.Errorf("replay %s: %w", endpoint, err)
 		}
-		idle = time.Now().Add(src.timeout)
 		// v26: [empty, topic, seq, payload]; v25: [empty, seq, payload].
 		if (len(frames) != 3 && len(frames) != 4) || len(frames[0]) != 0 || len(frames[len(frames)-2]) != 8 {
 			return fmt.Errorf("replay %s: bad reply framing (%d frames)", endpoint, len(frames))
@@ -101,5 +104,8 @@ func (src *source) Replay(ctx context.Context, h index.Holder, from uint64, fn f
 		if !fn(seq, frames[len(frames)-1]) {
 			return nil
 		}
+		// From the end of fn, which may take a while under load: what
+		// idle bounds is the endpoint's silence, not the caller's work.
+		idle = time.Now().Add(src.timeout / 10)
 	}
 }

@@ -36,7 +36,9 @@ type SubscriberConfig struct {
 	TopicPrefix string
 	// Topic maps a topic to (pod, model); default events.ParseTopic. In
 	// connect mode the pod is the one given to AddPod and only the model is
-	// taken from Topic (the whole topic when Topic does not match).
+	// taken from Topic (the whole topic when Topic does not match). A pod's
+	// PodConfig.Model overrides the topic's; a message left with no model
+	// (vLLM's default topic is empty) is dropped and counted.
 	Topic events.TopicFunc
 	// ReplayTimeout bounds the wait for each message of a replay reply;
 	// default 2s (events.Config.ReplayDeadline bounds the whole replay).
@@ -105,6 +107,8 @@ type source struct {
 	// perRank: replay is rank 0's endpoint, rank r's TCP port is r higher
 	// (vLLM's data-parallel rule), as for a pod registered for bind mode.
 	perRank bool
+	// model, when set, overrides the topic's (PodConfig.Model).
+	model string
 }
 
 // NewSubscriber checks cfg and returns a Subscriber; Run starts it.
@@ -167,27 +171,43 @@ func checkEndpoint(ep string) error {
 // connect mode. Adding an endpoint again replaces it. Safe to call before
 // and during Run.
 func (s *Subscriber) AddPod(pod, endpoint, replayEndpoint string) error {
-	if pod == "" {
+	return s.AddPodConfig(PodConfig{Pod: pod, Endpoint: endpoint, Replay: replayEndpoint})
+}
+
+// PodConfig is a pod AddPodConfig registers; see AddPod for Endpoint and
+// Replay.
+type PodConfig struct {
+	Pod, Endpoint, Replay string
+	// Model, when set, is the pod's model whatever its topic says. vLLM's
+	// default topic is empty: a pod whose topic does not name its model
+	// (kv@POD@MODEL) needs it, or its messages are dropped
+	// (events.Stats.NoModel).
+	Model string
+}
+
+// AddPodConfig is AddPod with the pod's model.
+func (s *Subscriber) AddPodConfig(p PodConfig) error {
+	if p.Pod == "" {
 		return fmt.Errorf("%w: empty pod name", events.ErrConfig)
 	}
-	if endpoint != "" {
-		if err := checkEndpoint(endpoint); err != nil {
-			return err
+	for _, ep := range []string{p.Endpoint, p.Replay} {
+		if ep == "" {
+			continue
 		}
-	}
-	if replayEndpoint != "" {
-		if err := checkEndpoint(replayEndpoint); err != nil {
+		if err := checkEndpoint(ep); err != nil {
 			return err
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if endpoint == "" {
-		s.sources[pod] = &source{pod: pod, replay: replayEndpoint, timeout: s.cfg.ReplayTimeout, perRank: true}
+	src := &source{pod: p.Pod, replay: p.Replay, timeout: s.cfg.ReplayTimeout, model: p.Model}
+	if p.Endpoint == "" {
+		src.perRank = true
+		s.sources[p.Pod] = src
 	} else {
 		// A new conn, even for a known endpoint: the receive loop replaces
 		// whatever conn it has for the endpoint with this one.
-		s.conns[endpoint] = &conn{src: &source{pod: pod, replay: replayEndpoint, timeout: s.cfg.ReplayTimeout}, endpoint: endpoint}
+		s.conns[p.Endpoint] = &conn{src: src, endpoint: p.Endpoint}
 	}
 	s.dirty.Store(true)
 	return nil
@@ -457,7 +477,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
 			}
 		} else {
 			if !ok {
-				r.s.proc.BadMessage("", "unknown topic", "topic", topic, "seq", m.Seq)
+				r.s.proc.NoPod(topic, m.Seq)
 				continue
 			}
 			if !r.sender(pod, meta["Peer-Address"], m.Seq) {
@@ -472,6 +492,13 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
 					r.sources[pod] = src
 				}
 			}
+		}
+		if src.model != "" {
+			model = src.model
+		}
+		if model == "" {
+			r.s.proc.NoModel(src.pod, topic, m.Seq)
+			continue
 		}
 		m.Pod, m.Model = src.pod, model
 		if src.replay != "" {

@@ -386,6 +386,36 @@ func TestFullQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
 	require.Zero(t, st.Unrecovered)
 }
 
+// A queue with room for thousands of messages but a byte bound of a few
+// drops past the bytes, as past a full queue, and replay resyncs the pod.
+func TestQueueOverItsByteBoundDropsAreCountedAndResyncedByReplay(t *testing.T) {
+	t.Parallel()
+	port, rport := testenv.FreePort(t), testenv.FreePort(t)
+	sink := eventstest.NewRecSink()
+	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Workers: 1, QueueLen: 4096, QueueBytes: 256}})
+	p := newPublisher(t, PublisherConfig{Bind: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
+	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+	warmUp(t, p, s, 0)
+	release := sink.Stall()
+	var want []uint64
+	for i := range uint64(40) {
+		publish(t, p, stored(0, nil, 1000+i))
+		want = append(want, 1000+i)
+	}
+	require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
+	release()
+	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", want...)
+	st := s.Stats()
+	require.NotZero(t, st.Replays)
+	require.Zero(t, st.Unrecovered)
+	// Bytes are released as messages are applied: the pod's next batch,
+	// far under the bound on its own, is taken.
+	full := st.QueueFull
+	publish(t, p, stored(0, nil, 2000))
+	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", append(want, 2000)...)
+	require.Equal(t, full, s.Stats().QueueFull)
+}
+
 func TestBindAndConnectModesRunTogether(t *testing.T) {
 	t.Parallel()
 	bport, cport := testenv.FreePort(t), testenv.FreePort(t)

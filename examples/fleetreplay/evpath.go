@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -300,35 +301,32 @@ func (e *eventPath) close() {
 
 // stats summarises what the subscriber applied and what went wrong.
 func (e *eventPath) stats() eventStats {
-	st := e.sub.Stats()
-	return e.before.add(eventStats{
-		Batches: st.Batches, Events: st.Events, Blocks: st.Blocks,
-		Gaps: st.Gaps, Replayed: st.Replayed, Unrecovered: st.Unrecovered, DecodeErrors: st.DecodeErrors,
-		QueueFull: st.QueueFull, HashChecks: st.HashChecks, HashMismatches: st.HashMismatches,
-	})
-}
-
-func (s eventStats) add(t eventStats) eventStats {
-	return eventStats{
-		Batches: s.Batches + t.Batches, Events: s.Events + t.Events, Blocks: s.Blocks + t.Blocks,
-		Gaps: s.Gaps + t.Gaps, Replayed: s.Replayed + t.Replayed, Unrecovered: s.Unrecovered + t.Unrecovered,
-		DecodeErrors: s.DecodeErrors + t.DecodeErrors, QueueFull: s.QueueFull + t.QueueFull,
-		HashChecks: s.HashChecks + t.HashChecks, HashMismatches: s.HashMismatches + t.HashMismatches,
-	}
+	return e.before.add(eventStats{e.sub.Stats()})
 }
 
 // eventStats are the subscriber's counters for one arm.
-type eventStats struct {
-	Batches        uint64 `json:"batches"`
-	Events         uint64 `json:"events"`
-	Blocks         uint64 `json:"blocks"`
-	Gaps           uint64 `json:"gaps"`
-	Replayed       uint64 `json:"replayed"`
-	Unrecovered    uint64 `json:"unrecovered"`
-	DecodeErrors   uint64 `json:"decode_errors"`
-	QueueFull      uint64 `json:"queue_full"`
-	HashChecks     uint64 `json:"hash_checks"`
-	HashMismatches uint64 `json:"hash_mismatches"`
+type eventStats struct{ events.Stats }
+
+func (s eventStats) add(t eventStats) eventStats {
+	for _, c := range events.Counters {
+		*c.Stat(&s.Stats) += *c.Stat(&t.Stats)
+	}
+	return s
+}
+
+// MarshalJSON renders every counter by its events.Counters name, in the
+// table's order.
+func (s eventStats) MarshalJSON() ([]byte, error) {
+	b := []byte{'{'}
+	for i, c := range events.Counters {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, c.Name)
+		b = append(b, ':')
+		b = strconv.AppendUint(b, *c.Stat(&s.Stats), 10)
+	}
+	return append(b, '}'), nil
 }
 
 // trusted reports whether the index saw every event as published.

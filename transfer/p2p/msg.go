@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/kvsource/kvsource/internal/msgpackr"
 )
 
 // Message types, the values of the "type" key.
@@ -183,9 +183,8 @@ var fieldCount = map[string]int{
 // afterwards.
 func decodeMessage(data []byte) (message, error) {
 	var m message
-	f := frame{data: data, r: bytes.NewReader(data), d: msgpack.GetDecoder()}
-	defer msgpack.PutDecoder(f.d)
-	f.d.Reset(f.r)
+	var f frame
+	f.r.Reset(data)
 	n, err := f.mapLen()
 	if err != nil {
 		return m, err
@@ -299,10 +298,7 @@ func (m *message) decodeField(k string, f *frame, have *int, hasType *bool) erro
 		m.Success, err = f.bool()
 		*have |= hasSuccess
 	default:
-		err = f.d.Skip()
-		if err != nil {
-			err = fmt.Errorf("%w: %w", ErrMalformed, err)
-		}
+		err = f.wrap(f.r.Skip(maxSkipDepth))
 	}
 	return err
 }
@@ -323,138 +319,50 @@ func fieldNames(bits int) string {
 	return s
 }
 
-// frame is a message being decoded: the decoder reads r, a reader over
-// data, so payloads can be sliced out of data instead of copied.
+// maxSkipDepth bounds the nesting of an unknown field's value.
+const maxSkipDepth = 32
+
+// frame is a message being decoded; strings and binaries are sliced out of
+// its data instead of copied.
 type frame struct {
-	data []byte
-	r    *bytes.Reader
-	d    *msgpack.Decoder
+	r msgpackr.Reader
 }
 
-func (f *frame) peek() (byte, error) {
-	c, err := f.d.PeekCode()
+func (f *frame) wrap(err error) error {
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	return c, nil
+	return nil
 }
 
 func (f *frame) mapLen() (int, error) {
-	c, err := f.peek()
-	if err != nil {
-		return 0, err
-	}
-	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
-		return 0, fmt.Errorf("%w: not a map (code 0x%02x)", ErrMalformed, c)
-	}
-	n, err := f.d.DecodeMapLen()
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	// Each entry takes at least two bytes: refuse lengths the frame cannot hold.
-	if n > f.r.Len()/2 {
-		return 0, fmt.Errorf("%w: map of %d entries in %d bytes", ErrMalformed, n, f.r.Len())
-	}
-	return n, nil
+	n, err := f.r.MapLen()
+	return n, f.wrap(err)
 }
 
 func (f *frame) arrayLen() (int, error) {
-	c, err := f.peek()
-	if err != nil {
-		return 0, err
-	}
-	if !msgpcode.IsFixedArray(c) && c != msgpcode.Array16 && c != msgpcode.Array32 {
-		return 0, fmt.Errorf("%w: not an array (code 0x%02x)", ErrMalformed, c)
-	}
-	n, err := f.d.DecodeArrayLen()
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	if n > f.r.Len() {
-		return 0, fmt.Errorf("%w: array of %d items in %d bytes", ErrMalformed, n, f.r.Len())
-	}
-	return n, nil
+	n, err := f.r.ArrayLen()
+	return n, f.wrap(err)
 }
 
 func (f *frame) str() (string, error) {
-	c, err := f.peek()
-	if err != nil {
-		return "", err
-	}
-	if !msgpcode.IsFixedString(c) && c != msgpcode.Str8 && c != msgpcode.Str16 && c != msgpcode.Str32 {
-		return "", fmt.Errorf("%w: not a str (code 0x%02x)", ErrMalformed, c)
-	}
-	b, err := f.raw()
-	return string(b), err
+	b, err := f.r.Str()
+	return string(b), f.wrap(err)
 }
 
 func (f *frame) bin() ([]byte, error) {
-	c, err := f.peek()
-	if err != nil {
-		return nil, err
-	}
-	if c != msgpcode.Bin8 && c != msgpcode.Bin16 && c != msgpcode.Bin32 {
-		return nil, fmt.Errorf("%w: not a bin (code 0x%02x)", ErrMalformed, c)
-	}
-	return f.raw()
-}
-
-// raw returns a str or bin payload as a slice of the frame (no copy),
-// refusing lengths past the frame's end.
-func (f *frame) raw() ([]byte, error) {
-	n, err := f.d.DecodeBytesLen()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	if n < 0 || n > f.r.Len() {
-		return nil, fmt.Errorf("%w: %d bytes declared, %d left", ErrMalformed, n, f.r.Len())
-	}
-	off := len(f.data) - f.r.Len()
-	if _, err := f.r.Seek(int64(n), io.SeekCurrent); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	return f.data[off : off+n : off+n], nil
+	b, err := f.r.Bin()
+	return b, f.wrap(err)
 }
 
 func (f *frame) uint() (uint64, error) {
-	c, err := f.peek()
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh,
-		c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32, c == msgpcode.Uint64:
-		v, err := f.d.DecodeUint64()
-		if err != nil {
-			return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
-		}
-		return v, nil
-	case c == msgpcode.Int8, c == msgpcode.Int16, c == msgpcode.Int32, c == msgpcode.Int64, msgpcode.IsFixedNum(c):
-		v, err := f.d.DecodeInt64()
-		if err != nil {
-			return 0, fmt.Errorf("%w: %w", ErrMalformed, err)
-		}
-		if v < 0 {
-			return 0, fmt.Errorf("%w: negative integer %d", ErrMalformed, v)
-		}
-		return uint64(v), nil
-	}
-	return 0, fmt.Errorf("%w: not an integer (code 0x%02x)", ErrMalformed, c)
+	v, err := f.r.Uint()
+	return v, f.wrap(err)
 }
 
 func (f *frame) bool() (bool, error) {
-	c, err := f.peek()
-	if err != nil {
-		return false, err
-	}
-	if c != msgpcode.True && c != msgpcode.False {
-		return false, fmt.Errorf("%w: not a bool (code 0x%02x)", ErrMalformed, c)
-	}
-	v, err := f.d.DecodeBool()
-	if err != nil {
-		return false, fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	return v, nil
+	v, err := f.r.Bool()
+	return v, f.wrap(err)
 }
 
 // toInt converts a wire integer to int, failing on values past MaxInt.

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Bounded work per request. A request the service admits holds one of
+// --max-inflight-requests slots from before its body is read until its
+// answer is written, so the memory and CPU of requests in flight are
+// bounded by that count times what one request may cost: a body of at most
+// serveBodyLimit bytes (derived from --max-tokens), identifiers of at most
+// serveMaxFieldBytes, and --request-timeout of work, which reading the body,
+// hashing and the lookup all stop at. Beyond the slots a request is answered
+// 503 with Retry-After at once, its body unread.
+
+// serveLimits is the part of serveConfig that bounds requests.
+type serveLimits struct {
+	// MaxInflight is how many requests to /v1/score, /v1/pick and /v1/pods
+	// may be served at once; beyond it they are answered 503.
+	MaxInflight int
+	// RequestTimeout bounds one request, from admission to its answer:
+	// reading its body, hashing its prompt and looking it up.
+	RequestTimeout time.Duration
+	// MaxTokens is the most tokens one prompt may have; the body limit of
+	// /v1/score and /v1/pick follows from it.
+	MaxTokens int
+}
+
+const (
+	// serveMaxFieldBytes bounds lora_name, cache_salt, request_id, model,
+	// pod names and multimodal identifiers: each LoRA name and identifier
+	// is hashed into every block it covers, so their length multiplies the
+	// cost of a prompt.
+	serveMaxFieldBytes = 4 << 10
+	// serveDefaultMaxTokens is --max-tokens' default.
+	serveDefaultMaxTokens = 1 << 20
+	// serveDefaultRequestTimeout is --request-timeout's default: hashing
+	// and looking up a prompt of --max-tokens takes well under a second.
+	serveDefaultRequestTimeout = 5 * time.Second
+	// serveTokenJSONBytes is the most one token takes in a request body:
+	// "4294967295, ".
+	serveTokenJSONBytes = 12
+	// serveBodySlack is what a /v1/score or /v1/pick body may hold beside
+	// its tokens: identifiers, candidates and multimodal items.
+	serveBodySlack = 1 << 20
+	// serveSmallBodyLimit bounds the bodies of the other endpoints.
+	serveSmallBodyLimit = 64 << 10
+	// serveRetryAfter is the Retry-After, in seconds, of a 503.
+	serveRetryAfter = "1"
+)
+
+// serveDefaultMaxInflight is --max-inflight-requests' default: two
+// requests per core keep every core busy while one request of each pair
+// waits for its body.
+func serveDefaultMaxInflight() int { return 2 * runtime.GOMAXPROCS(0) }
+
+// serveBodyLimit bounds the body of a request carrying a prompt of at most
+// maxTokens tokens.
+func serveBodyLimit(maxTokens int) int64 {
+	return int64(maxTokens)*serveTokenJSONBytes + serveBodySlack
+}
+
+// flags registers the limits' flags on fs.
+func (l *serveLimits) flags(fs *flag.FlagSet) {
+	fs.IntVar(&l.MaxInflight, "max-inflight-requests", serveDefaultMaxInflight(), "requests to /v1/score, /v1/pick and /v1/pods served at once; beyond, 503 with Retry-After (default twice GOMAXPROCS)")
+	fs.DurationVar(&l.RequestTimeout, "request-timeout", serveDefaultRequestTimeout, "deadline of one request, body, hashing and lookup included; past it, 503; less than --http-write-timeout")
+	fs.IntVar(&l.MaxTokens, "max-tokens", serveDefaultMaxTokens, "most tokens per prompt; more is answered 413, and bodies are bounded to 12 bytes a token plus 1 MiB")
+}
+
+// check validates the limits against the server's write timeout: a request
+// timeout past it would let the connection's deadline cut the answer off.
+func (l *serveLimits) check(writeTimeout time.Duration) error {
+	switch {
+	case l.MaxInflight < 1:
+		return fmt.Errorf("--max-inflight-requests must be at least 1, got %d", l.MaxInflight)
+	case l.MaxTokens < 1:
+		return fmt.Errorf("--max-tokens must be at least 1, got %d", l.MaxTokens)
+	case l.RequestTimeout <= 0:
+		return fmt.Errorf("--request-timeout must be positive, got %v", l.RequestTimeout)
+	case l.RequestTimeout >= writeTimeout:
+		return fmt.Errorf("--request-timeout (%v) must be less than --http-write-timeout (%v), or a late answer is cut off", l.RequestTimeout, writeTimeout)
+	}
+	return nil
+}
+
+// serveLimiter is the service's state for its limits.
+type serveLimiter struct {
+	slots    chan struct{}
+	rejected *prometheus.CounterVec
+	aborted  *prometheus.CounterVec
+}
+
+// Rejection reasons, the reason label of kvsource_http_rejected_total.
+const (
+	serveRejectOverload  = "overload"
+	serveRejectTimeout   = "timeout"
+	serveRejectBodySize  = "body_too_large"
+	serveRejectTokens    = "too_many_tokens"
+	serveRejectFieldSize = "field_too_long"
+)
+
+func (s *serveService) initLimits() {
+	s.lim.slots = make(chan struct{}, s.cfg.MaxInflight)
+	s.lim.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvsource_http_rejected_total",
+		Help: "Requests refused by a limit, by path and reason: overload (503), timeout (503), body_too_large (413), too_many_tokens (413), field_too_long (400).",
+	}, []string{"path", "reason"})
+	s.lim.aborted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvsource_http_aborted_total",
+		Help: "Answers that could not be written (the client gone or the write timeout passed), by path and the status they carried; kvsource_http_requests_total counts only answers written.",
+	}, []string{"path", "code"})
+	s.reg.MustRegister(s.lim.rejected, s.lim.aborted)
+}
+
+// serveLimitedPaths are the endpoints whose work grows with the request or
+// the index, and which take a slot.
+var serveLimitedPaths = map[string]bool{"/v1/score": true, "/v1/pick": true, "/v1/pods": true}
+
+// admit takes a slot for a request to path, bounds its body and sets its
+// deadline. It returns the request to serve and the function that releases
+// it, or false when it answered 503 because every slot is taken.
+func (s *serveService) admit(w http.ResponseWriter, r *http.Request, path string) (*http.Request, func(), bool) {
+	release := func() {}
+	limit := int64(serveSmallBodyLimit)
+	if serveLimitedPaths[path] {
+		select {
+		case s.lim.slots <- struct{}{}:
+			release = func() { <-s.lim.slots }
+		default:
+			s.reject(w, path, serveRejectOverload, http.StatusServiceUnavailable,
+				fmt.Sprintf("overloaded: %d requests in flight (--max-inflight-requests), retry later", cap(s.lim.slots)))
+			return r, nil, false
+		}
+		if path != "/v1/pods" {
+			limit = serveBodyLimit(s.cfg.MaxTokens)
+		}
+	}
+	if r.ContentLength > limit {
+		s.reject(w, path, serveRejectBodySize, http.StatusRequestEntityTooLarge,
+			fmt.Sprintf("request body too large: %d bytes, at most %d", r.ContentLength, limit))
+		release()
+		return r, nil, false
+	}
+	// The server's own ResponseWriter, not a recorder: through it the
+	// limit marks the connection to be closed after the answer, rather
+	// than left to read the rest of an oversize body.
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	deadline, _ := ctx.Deadline()
+	// A body that arrives slowly stops at the deadline too, or at the
+	// server's read timeout when that comes first: this deadline replaces
+	// the server's. A writer that cannot (a test's recorder) leaves it to
+	// the server's read timeout.
+	if rd := time.Now().Add(s.cfg.ReadTimeout); rd.Before(deadline) {
+		deadline = rd
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(deadline)
+	return r.WithContext(ctx), func() { cancel(); release() }, true
+}
+
+// reject answers a request refused by a limit and counts it.
+func (s *serveService) reject(w http.ResponseWriter, path, reason string, code int, msg string) {
+	if code == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", serveRetryAfter)
+	}
+	serveWriteJSON(w, code, serveErrorJSON{Error: msg})
+	s.lim.rejected.WithLabelValues(path, reason).Inc()
+	s.countAnswer(w, path, code)
+}
+
+// serveTooLarge is a request over a size limit: answered 413.
+type serveTooLarge struct{ err error }
+
+func (e serveTooLarge) Error() string { return e.err.Error() }
+func (e serveTooLarge) Unwrap() error { return e.err }
+
+// serveFieldTooLong is an identifier over serveMaxFieldBytes: answered 400.
+type serveFieldTooLong struct{ err error }
+
+func (e serveFieldTooLong) Error() string { return e.err.Error() }
+func (e serveFieldTooLong) Unwrap() error { return e.err }
+
+// classify returns the status code and rejection reason ("" for none) of
+// a handler's error for r.
+func (s *serveService) classify(r *http.Request, err error) (int, string) {
+	var mb *http.MaxBytesError
+	var tl serveTooLarge
+	var fl serveFieldTooLong
+	var br serveBadRequest
+	var nf serveNotFound
+	switch {
+	// First: a body cut off by the deadline fails to decode, and looks
+	// like a bad request.
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(r.Context().Err(), context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, serveRejectTimeout
+	case errors.As(err, &mb):
+		return http.StatusRequestEntityTooLarge, serveRejectBodySize
+	case errors.As(err, &tl):
+		return http.StatusRequestEntityTooLarge, serveRejectTokens
+	case errors.As(err, &fl):
+		return http.StatusBadRequest, serveRejectFieldSize
+	case errors.As(err, &br):
+		return http.StatusBadRequest, ""
+	case errors.As(err, &nf):
+		return http.StatusNotFound, ""
+	}
+	return http.StatusInternalServerError, ""
+}
+
+// answerError answers a handler's error as JSON with its status code.
+func (s *serveService) answerError(w http.ResponseWriter, r *http.Request, path string, err error) int {
+	code, reason := s.classify(r, err)
+	msg := err.Error()
+	switch {
+	case reason == serveRejectTimeout:
+		w.Header().Set("Retry-After", serveRetryAfter)
+		msg = fmt.Sprintf("request timeout: not answered within %v (--request-timeout): %v", s.cfg.RequestTimeout, err)
+		s.log.Info("kvsource serve: request timed out", "path", path, "remote", r.RemoteAddr, "err", err)
+	case code == http.StatusBadRequest || code == http.StatusRequestEntityTooLarge:
+		s.log.Info("kvsource serve: bad request", "path", path, "remote", r.RemoteAddr, "err", err)
+	case code == http.StatusNotFound:
+		s.log.Info("kvsource serve: not found", "path", path, "remote", r.RemoteAddr, "err", err)
+	default:
+		s.log.Error("kvsource serve: request failed", "path", path, "remote", r.RemoteAddr, "err", err)
+	}
+	if reason != "" {
+		s.lim.rejected.WithLabelValues(path, reason).Inc()
+	}
+	serveWriteJSON(w, code, serveErrorJSON{Error: msg})
+	return code
+}
+
+// countAnswer writes out the answer to a request to path and counts it by
+// what the client got: its status when it was written, as aborted when the
+// client was gone or the write deadline passed.
+func (s *serveService) countAnswer(w http.ResponseWriter, path string, code int) {
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		s.lim.aborted.WithLabelValues(path, strconv.Itoa(code)).Inc()
+		return
+	}
+	s.requests.WithLabelValues(path, strconv.Itoa(code)).Inc()
+}
+
+// checkPrompt bounds a prompt's size: its tokens to --max-tokens, its
+// identifiers to serveMaxFieldBytes.
+func (s *serveService) checkPrompt(p *servePromptJSON) error {
+	if len(p.Tokens) > s.cfg.MaxTokens {
+		return serveTooLarge{fmt.Errorf(`"tokens": %d tokens, at most %d (--max-tokens)`, len(p.Tokens), s.cfg.MaxTokens)}
+	}
+	for _, f := range []struct{ name, v string }{{"model", p.Model}, {"lora_name", p.LoRAName}, {"cache_salt", p.CacheSalt}} {
+		if err := serveCheckField(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	for _, m := range p.MMItems {
+		if err := serveCheckField("mm_items id", m.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serveCheckField bounds one identifier to serveMaxFieldBytes.
+func serveCheckField(name, v string) error {
+	if len(v) > serveMaxFieldBytes {
+		return serveFieldTooLong{fmt.Errorf("%q is %d bytes, at most %d", name, len(v), serveMaxFieldBytes)}
+	}
+	return nil
+}
