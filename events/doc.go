@@ -89,6 +89,49 @@
 // goes quiet. It calls Start before the first Handle and Close after the
 // last.
 //
+// # Threat model
+//
+// vLLM's publisher has no authentication (no CURVE): whoever reaches a
+// router's events port can publish under any pod name, and a pod name ends
+// up in the index and in the pull header a destination engine dials. What
+// the router can check, it checks:
+//   - Pod names (ValidPodName): host:port, [v6]:port or dns-name:port (a bare
+//     host for pods named by configuration), printable ASCII, at most 253
+//     bytes; anything else is dropped before the index (Stats.BadTopic), so
+//     no CR/LF or oversize name reaches a header.
+//   - Senders, in bind mode (package events/zmq): a pod named by an IP
+//     literal is accepted only from that IP (libzmq's "Peer-Address"), a pod
+//     named by a DNS name only from allowed networks (default loopback),
+//     and one sender names at most a bounded number of pods
+//     (Stats.SenderMismatch). So a spoofer cannot restart (empty batch at
+//     seq 0), gap-clear (seq+1000) or feed a pod named by another address,
+//     nor inject a holder under a DNS name from outside the allowed
+//     networks. In connect mode the router dialled the pod's address itself.
+//   - Holder state is bounded: at Config.MaxHolders the least recently heard
+//     holder, not-live ones first, is evicted rather than a new one refused,
+//     and holders restored from a snapshot that never publish expire
+//     (Config.SnapshotExpiry), so made-up names neither lock real pods out
+//     nor survive restarts.
+//   - Two interleaved sequence streams under one holder put it in state
+//     conflict (cleared once, messages dropped, no pull source) instead of
+//     clearing it on every message; every per-holder log line is
+//     rate-limited.
+//   - Only live holders serve pulls (Processor.Source, for
+//     picker.Config.Sources): heard from since this process started, their
+//     connection up (a transport's PodConnected: the ZMQ socket monitor and
+//     heartbeats), entries trusted, not in conflict. A snapshot lets a holder
+//     score, never serve.
+//
+// What it cannot check: a peer that can send from a pod's own IP (same host,
+// or a spoofed source on a network without ingress filtering, which TCP's
+// handshake makes impractical beyond one hop) is that pod: its empty batch at
+// seq 0 is a genuine restart. Pods sharing an IP share their fate, since
+// libzmq names a message's sender address, not its connection. A DNS-named pod
+// can be impersonated from inside an allowed network: name pods by IP, or
+// allow only the pods' own network. Payload contents (which blocks a pod
+// claims) are the engine's word; a lying engine costs its own requests a
+// failed pull, which falls back to compute.
+//
 // # The CPU offload tier
 //
 // vLLM's offloading connector reports its tier with BlockStored events of

@@ -121,7 +121,7 @@ func (b *serveBinary) stop(t *testing.T) {
 func TestServeBinaryServesEventsAndStopsOnSIGTERM(t *testing.T) {
 	bin := buildServeBinary(t)
 	bindPort := testenv.FreePort(t)
-	const pod, model = "10.0.0.7:8000", "m"
+	const pod, model = "127.0.0.1:8007", "m"
 
 	h, err := hashing.New(hashing.Config{})
 	require.NoError(t, err)
@@ -160,7 +160,7 @@ func TestServeBinaryServesEventsAndStopsOnSIGTERM(t *testing.T) {
 	}, 15*time.Second, 20*time.Millisecond)
 
 	code, body := serveCall(t, "POST", srv.base+"/v1/pick", map[string]any{
-		"model": model, "tokens": tokens, "destination": "10.0.0.8:8000", "request_id": "r"})
+		"model": model, "tokens": tokens, "destination": "127.0.0.1:8008", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	var d servePickResponse
 	require.NoError(t, json.Unmarshal(body, &d))
@@ -176,7 +176,7 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 	dir := t.TempDir()
 	snapshot := filepath.Join(dir, "index.snap")
 	bindPort, replayPort := testenv.FreePort(t), testenv.FreePort(t)
-	const pod, model = "10.0.0.7:8000", "m"
+	const pod, model = "127.0.0.1:8007", "m"
 	args := []string{"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
 		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort), "--snapshot", snapshot}
 
@@ -234,7 +234,7 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 	second.waitLog(t, "snapshot loaded")
 	pick := func(base string) servePickResponse {
 		code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{
-			"model": model, "tokens": tokens, "destination": "10.0.0.8:8000", "request_id": "r"})
+			"model": model, "tokens": tokens, "destination": "127.0.0.1:8008", "request_id": "r"})
 		require.Equal(t, http.StatusOK, code, "%s", body)
 		var d servePickResponse
 		require.NoError(t, json.Unmarshal(body, &d))

@@ -122,10 +122,10 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	n := len(keys)
 	require.Equal(t, 20, n)
 
-	podA := index.Holder{Pod: "10.0.0.1:8000"}
-	podB := index.Holder{Pod: "10.0.0.2:8000"}
+	podA := index.Holder{Pod: "127.0.0.1:8001"}
+	podB := index.Holder{Pod: "127.0.0.1:8002"}
 	// Pod C runs two data-parallel ranks: separate caches, separate holders.
-	podC := index.Holder{Pod: "10.0.0.3:8000", Rank: 1}
+	podC := index.Holder{Pod: "127.0.0.1:8003", Rank: 1}
 	podC0 := index.Holder{Pod: podC.Pod}
 	want := serveHoldings{}
 	want.set(podA, index.TierGPU, 0, 6, true)
@@ -328,7 +328,7 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 		}
 		return "pull", l, best, band
 	}
-	newcomer := index.Holder{Pod: "10.0.0.9:8000"}
+	newcomer := index.Holder{Pod: "127.0.0.1:8009"}
 	cases := []struct {
 		name string
 		req  map[string]any
@@ -432,10 +432,15 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 		`kvsource_events_gaps_total 1`,
 		`kvsource_events_hash_mismatches_total 0`,
 		`kvsource_events_decode_errors_total 0`,
-		`kvsource_holders{state="live"} 4`,
 		`kvsource_index_holders 4`,
 		`kvsource_http_requests_total{code="200",path="/v1/pick"} 9`,
 	} {
 		require.Contains(t, string(metrics), line+"\n")
 	}
+	// The publishers exit after their linger: their holders leave the
+	// pull sources, disconnected, their entries kept for scoring.
+	require.Eventually(t, func() bool {
+		_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+		return strings.Contains(string(metrics), `kvsource_holders{state="disconnected"} 4`+"\n")
+	}, 15*time.Second, 20*time.Millisecond)
 }

@@ -40,7 +40,7 @@ func serveRSSPeak(t *testing.T, pid int) int64 {
 // of lora bytes.
 func serveTokensBody(n, lora int) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, `{"model":"m","destination":"10.0.0.8:8000","lora_name":%q,"tokens":[`, strings.Repeat("l", lora))
+	fmt.Fprintf(&b, `{"model":"m","destination":"127.0.0.1:8008","lora_name":%q,"tokens":[`, strings.Repeat("l", lora))
 	for i := range n {
 		if i > 0 {
 			b.WriteByte(',')

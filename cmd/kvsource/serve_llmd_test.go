@@ -26,7 +26,7 @@ func TestServeContentKeysMatchLLMDSimulator(t *testing.T) {
 			bind := fmt.Sprintf("tcp://127.0.0.1:%d", testenv.FreePort(t))
 			var logs syncLog
 			base := startServeLogged(t, &logs, "--keys", "content", "--block-size", "16", "--events-bind", bind)
-			pods := startSimPods(t, base, bind, model, tc.format, bs, "10.0.1.1:8000", "10.0.1.2:8000", "10.0.1.3:8000")
+			pods := startSimPods(t, base, bind, model, tc.format, bs, "127.0.0.1:8101", "127.0.0.1:8102", "127.0.0.1:8103")
 			a, b, c := pods[0], pods[1], pods[2]
 
 			prompt := simTokens(8*bs+5, 1)
@@ -100,7 +100,7 @@ func TestServeContentKeysMatchLLMDSimulator(t *testing.T) {
 				{a.holder, "local_hit"},
 				{b.holder, "self"},
 				{c.holder, "self"},
-				{index.Holder{Pod: "10.0.1.9:8000"}, "no_holder"},
+				{index.Holder{Pod: "127.0.0.1:8109"}, "no_holder"},
 			} {
 				code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": model, "tokens": prompt, "destination": pc.dest.Pod})
 				require.Equal(t, http.StatusOK, code, "%s", body)
@@ -127,7 +127,7 @@ func TestServeEngineKeysFromLLMDSimulatorAreReportedAsAMismatch(t *testing.T) {
 	bind := fmt.Sprintf("tcp://127.0.0.1:%d", testenv.FreePort(t))
 	var logs syncLog
 	base := startServeLogged(t, &logs, "--events-bind", bind)
-	p := startSimPods(t, base, bind, model, llmdsim.Array, 16, "10.0.2.1:8000")[0]
+	p := startSimPods(t, base, bind, model, llmdsim.Array, 16, "127.0.0.1:8201")[0]
 	p.sim.Store(simTokens(4*16, 3), 0)
 	p.flush(t)
 	require.Eventually(t, func() bool { return servePods(t, base)[p.holder].Counters["hash_mismatches"] > 0 },

@@ -42,7 +42,7 @@ func serveSnapshotWithHolder(t *testing.T, path string) index.Holder {
 	require.NoError(t, err)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: make([]uint32, 8*16)})
 	require.NoError(t, err)
-	holder := index.Holder{Pod: "10.0.0.5:8000"}
+	holder := index.Holder{Pod: "127.0.0.1:8005"}
 	ix := index.New(index.Config{})
 	ix.Store(index.Blocks{Model: "m", Holder: holder, Tier: index.TierCPU, Keys: keys})
 	require.NoError(t, ix.SaveFile(path, map[index.Holder]uint64{holder: 41}))
@@ -152,7 +152,7 @@ func TestServeBinaryRestartsFromThePeriodicSnapshotAfterKill9(t *testing.T) {
 	dir := t.TempDir()
 	snapshot := filepath.Join(dir, "index.snap")
 	bindPort, replayPort := testenv.FreePort(t), testenv.FreePort(t)
-	const pod, model = "10.0.0.7:8000", "m"
+	const pod, model = "127.0.0.1:8007", "m"
 	args := []string{"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
 		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort), "--snapshot", snapshot, "--snapshot-interval", "100ms"}
 
@@ -219,7 +219,7 @@ func TestServeBinaryRestartsFromThePeriodicSnapshotAfterKill9(t *testing.T) {
 	second.waitLog(t, "removed a temporary snapshot file an interrupted save left")
 	require.NoFileExists(t, stale)
 	code, body := serveCall(t, "POST", second.base+"/v1/pick", map[string]any{
-		"model": model, "tokens": tokens, "destination": "10.0.0.8:8000", "request_id": "r"})
+		"model": model, "tokens": tokens, "destination": "127.0.0.1:8008", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	var d servePickResponse
 	require.NoError(t, json.Unmarshal(body, &d))
