@@ -67,7 +67,10 @@ type serveConfig struct {
 	InflightTTL         time.Duration
 	Snapshot            string
 	Calibration         string
-	ShutdownTimeout     time.Duration
+	// HashCacheBytes bounds the hash cache that spares a prompt whose
+	// leading blocks were hashed recently their rehashing; 0 turns it off.
+	HashCacheBytes  int64
+	ShutdownTimeout time.Duration
 	// ReadTimeout bounds reading a request, body included; WriteTimeout
 	// the time from the end of its headers to the end of the response;
 	// IdleTimeout how long a keep-alive connection waits for the next.
@@ -128,6 +131,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.InflightTTL, "inflight-ttl", picker.DefaultInflightTTL, "how long a pull counts against its source")
 	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved at shutdown")
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
+	fs.Int64Var(&cfg.HashCacheBytes, "hash-cache-bytes", hashing.DefaultCacheBytes, "memory bound of the cache of recent prompts' block keys, which spares a next turn rehashing the blocks an earlier one shares (0: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
@@ -155,6 +159,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		}
 		r.Replay, r.Endpoint = r.Endpoint, ""
 		cfg.EventsReplay = append(cfg.EventsReplay, r)
+	}
+	if cfg.HashCacheBytes < 0 {
+		return cfg, fmt.Errorf("--hash-cache-bytes must not be negative, got %d", cfg.HashCacheBytes)
 	}
 	if cfg.InflightTTL <= 0 {
 		return cfg, fmt.Errorf("--inflight-ttl must be positive, got %v", cfg.InflightTTL)
