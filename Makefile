@@ -35,5 +35,6 @@ fuzz: deps
 	$(GO) test ./transfer/p2p -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzUnmarshal -fuzztime $(FUZZTIME) -fuzzminimizetime 2s

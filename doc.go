@@ -12,7 +12,8 @@
 // The packages follow the data flow:
 //
 //	hashing   block keys of a prompt, bit-identical to vLLM
-//	events    vLLM's KV events over ZMQ, with gap detection and replay
+//	events    vLLM's KV events, with gap detection and replay, any transport
+//	          (events/zmq: vLLM's ZMQ stream)
 //	index     which holder (pod, rank) holds which block in which tier
 //	picker    prefix scores and the pull decision
 //	transfer  moving blocks: vLLM's P2P protocol, NIXL, an in-memory fake
@@ -21,7 +22,7 @@
 //
 //	h, _ := hashing.New(hashing.Config{})           // vLLM's defaults
 //	ix := index.New(index.Config{})
-//	sub, _ := events.NewSubscriber(events.Config{Sink: ix, Bind: []string{"tcp://*:5557"}, Hasher: h})
+//	sub, _ := zmq.NewSubscriber(zmq.SubscriberConfig{Events: events.Config{Sink: ix, Hasher: h}, Bind: []string{"tcp://*:5557"}})
 //	go sub.Run(ctx)
 //	p, _ := picker.New(picker.Config{Index: ix, Hasher: h})
 //	d, _ := p.Pick(picker.Request{ID: id, Model: model, Prompt: hashing.Request{Tokens: tokens}, Destination: chosen})

@@ -1,6 +1,7 @@
 package kvsource_test
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -8,11 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A router that only hashes and scores must not need a C library: these
-// packages, and everything they import, stay pure Go.
+// pureGoPackages are what a router that only hashes and scores, or decodes
+// KV events from a transport of its own (an EPP plugin, NATS), imports: they
+// must not need a C library. events/zmq is the cgo transport on top.
+var pureGoPackages = []string{"./hashing", "./index", "./picker", "./transfer", "./transfer/fake", "./events"}
+
+// These packages, and everything they import, have no cgo files.
 func TestScoringPackagesNeedNoCgo(t *testing.T) {
-	pkgs := []string{"./hashing", "./index", "./picker", "./transfer", "./transfer/fake"}
-	for _, pkg := range pkgs {
+	for _, pkg := range pureGoPackages {
 		t.Run(strings.TrimPrefix(pkg, "./"), func(t *testing.T) {
 			out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{len .CgoFiles}}", pkg).CombinedOutput()
 			require.NoError(t, err, "%s", out)
@@ -23,4 +27,13 @@ func TestScoringPackagesNeedNoCgo(t *testing.T) {
 			}
 		})
 	}
+}
+
+// And they build, tests included, with CGO_ENABLED=0.
+func TestPureGoPackagesBuildWithoutCgo(t *testing.T) {
+	args := append([]string{"vet"}, pureGoPackages...)
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "CGO_ENABLED=0 go vet: %s", out)
 }

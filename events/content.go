@@ -1,6 +1,10 @@
 package events
 
-import "log/slog"
+import (
+	"log/slog"
+
+	"github.com/kvsource/kvsource/index"
+)
 
 // contentMap maps a holder's engine block keys to content keys. It holds at
 // most limit entries in two generations: when the current one is half full
@@ -42,28 +46,36 @@ func (m *contentMap) reset() {
 // storeContent applies a BlockStored in content-key mode: keys are computed
 // from the event's tokens, chained on the parent's content key, and
 // remembered for later events that name the blocks by engine key only.
-func (w *worker) storeContent(h *holder, e *Event) {
+func (w *worker) storeContent(h *holder, e *Event, seq uint64) {
 	n := len(e.BlockHashes)
 	if n == 0 {
 		return
 	}
-	ck := w.s.cfg.ContentKeys
-	var parent uint64
-	hasParent := false
-	if e.HasParent {
-		p, ok := h.content.get(e.Parent)
+	ck := w.p.cfg.ContentKeys
+	var parent index.Parent
+	if ep, has := e.Parent.Get(); has {
+		p, ok := h.content.get(ep)
 		if !ok && len(e.TokenIDs) > 0 {
 			// The chain cannot continue from an unknown block; storing the
 			// blocks as a new chain would claim a prefix they are not.
 			w.unresolvedBlocks(n)
 			return
 		}
-		parent, hasParent = p, ok
+		if ok {
+			parent = index.ParentKey(p)
+		}
 	}
 	if len(e.TokenIDs) == 0 {
 		keys := w.resolvePrefix(h, e.BlockHashes)
+		if len(keys) < n {
+			w.p.c[cTokenless].Add(1)
+			h.c[cTokenless].Add(1)
+			w.p.limited.logf(slog.LevelWarn, "events: content-key mode cannot resolve a BlockStored without token ids; "+
+				"its blocks are left out (vLLM sends tokens with self-describing events, e.g. the offloading connector's self_describing_kv_events)",
+				h.id.Pod, "rank", h.id.Rank, "seq", seq, "blocks", n, "resolved", len(keys))
+		}
 		if len(keys) > 0 {
-			w.s.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, keys)
+			w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: keys})
 		}
 		return
 	}
@@ -75,21 +87,21 @@ func (w *worker) storeContent(h *holder, e *Event) {
 	}
 	req, err := w.request(e, e.TokenIDs)
 	if err == nil {
-		if hasParent {
-			w.keys2, err = ck.BlockKeysFrom(w.keys2[:0], parent, req)
+		if p, ok := parent.Key(); ok {
+			w.keys2, err = ck.BlockKeysFrom(w.keys2[:0], p, req)
 		} else {
 			w.keys2, err = ck.BlockKeys(w.keys2[:0], req)
 		}
 	}
 	if err != nil || len(w.keys2) != n {
-		w.s.limited.logf(slog.LevelWarn, "events: content keys not computable", h.id.Pod, "rank", h.id.Rank, "err", err)
+		w.p.limited.logf(slog.LevelWarn, "events: content keys not computable", h.id.Pod, "rank", h.id.Rank, "err", err)
 		w.unresolvedBlocks(n)
 		return
 	}
 	for i, k := range e.BlockHashes {
 		h.content.put(k, w.keys2[i])
 	}
-	w.s.cfg.Sink.Store(h.model, h.id, e.Medium, e.GroupIdx, parent, hasParent, w.keys2)
+	w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: w.keys2})
 }
 
 // resolvePrefix maps engine keys to content keys up to the first unknown
@@ -121,4 +133,4 @@ func (w *worker) resolve(h *holder, keys []uint64) []uint64 {
 	return w.keys2
 }
 
-func (w *worker) unresolvedBlocks(n int) { w.s.c.unresolved.Add(uint64(n)) }
+func (w *worker) unresolvedBlocks(n int) { w.p.c[cUnresolved].Add(uint64(n)) }

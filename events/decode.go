@@ -55,12 +55,13 @@ func (t EventType) String() string {
 // scheduler step. Reuse one Batch across Decode calls: its slices, and those
 // of its events, are recycled, so steady-state decoding does not allocate.
 type Batch struct {
+	// TS is when the engine published the batch: seconds since the Unix
+	// epoch, as Python's time.time() gives them (vLLM's EventBatch.ts).
 	TS float64
-	// DPRank is the engine's data-parallel rank; 0 when HasDPRank is false
-	// (the payload had no rank or a nil one).
-	DPRank    int
-	HasDPRank bool
-	Events    []Event
+	// DPRank is the engine's data-parallel rank; absent when the payload
+	// had no rank or a nil one (rank 0).
+	DPRank Opt[int]
+	Events []Event
 }
 
 // Event is one KV-cache event. Fields that an event type does not carry, or
@@ -72,26 +73,27 @@ type Event struct {
 	// BlockHashes are the engine's block keys: the int hash, or the last 8
 	// bytes (big-endian) of a raw digest.
 	BlockHashes []uint64
-	// Parent is the key of the block before BlockHashes[0], valid when
-	// HasParent; a BlockStored without parent starts at block 0.
-	Parent    uint64
-	HasParent bool
+	// Parent is the key of the block before BlockHashes[0]; a BlockStored
+	// without parent starts at block 0. A parent of 0 is llm-d's empty
+	// block hash, which its producers send for a chain's first block: it
+	// reads as absent, with ZeroParent set.
+	Parent     Opt[uint64]
+	ZeroParent bool
 	// TokenIDs are all blocks' tokens concatenated; empty when the engine did
 	// not send them (CPU offload events before self-describing events).
 	TokenIDs  []uint32
 	BlockSize int
-	LoRAID    int
-	HasLoRAID bool
+	LoRAID    Opt[int]
 	// Medium is the tier, upper-case; "GPU" when the payload had none.
 	Medium   string
 	LoRAName string
-	// ExtraKeys holds, when HasExtraKeys, one entry per block: the raw
-	// msgpack of the block's extra-keys tuple, or nil for None. The bytes
-	// are owned by the Event and valid until the next Decode into its Batch.
-	ExtraKeys    [][]byte
-	HasExtraKeys bool
-	GroupIdx     int
-	HasGroupIdx  bool
+	// ExtraKeys holds, when the payload had them, one entry per block: the
+	// raw msgpack of the block's extra-keys tuple, or nil for None. The
+	// bytes are owned by the Event and valid until the next Decode into its
+	// Batch.
+	ExtraKeys Opt[[][]byte]
+	// GroupIdx is the KV cache group (hybrid models); absent is group 0.
+	GroupIdx Opt[int]
 
 	extraBuf   []byte
 	extraSpans []int
@@ -101,15 +103,14 @@ func (e *Event) reset() {
 	e.Type = EventUnknown
 	e.TypeName = ""
 	e.BlockHashes = e.BlockHashes[:0]
-	e.Parent, e.HasParent = 0, false
+	e.Parent, e.ZeroParent = Opt[uint64]{}, false
 	e.TokenIDs = e.TokenIDs[:0]
 	e.BlockSize = 0
-	e.LoRAID, e.HasLoRAID = 0, false
+	e.LoRAID = Opt[int]{}
 	e.Medium = mediumGPU
 	e.LoRAName = ""
-	e.ExtraKeys = e.ExtraKeys[:0]
-	e.HasExtraKeys = false
-	e.GroupIdx, e.HasGroupIdx = 0, false
+	e.ExtraKeys = Opt[[][]byte]{v: e.ExtraKeys.v[:0]}
+	e.GroupIdx = Opt[int]{}
 	e.extraBuf = e.extraBuf[:0]
 	e.extraSpans = e.extraSpans[:0]
 }
@@ -188,7 +189,7 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	d.init()
 	d.r = payloadReader{b: payload}
 	d.md.ResetReader(&d.r)
-	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
+	b.TS, b.DPRank = 0, Opt[int]{}
 	b.Events = b.Events[:0]
 	if len(payload) == 0 {
 		return fmt.Errorf("%w: empty payload", ErrMalformed)
@@ -606,7 +607,7 @@ func (d *Decoder) events(b *Batch) error {
 
 // rank reads data_parallel_rank, which may be nil.
 func (d *Decoder) rank(b *Batch) error {
-	b.DPRank, b.HasDPRank = 0, false
+	b.DPRank = Opt[int]{}
 	if d.isNil() {
 		return nil
 	}
@@ -617,7 +618,7 @@ func (d *Decoder) rank(b *Batch) error {
 	if rank < 0 {
 		return d.errorf("negative data_parallel_rank %d", rank)
 	}
-	b.DPRank, b.HasDPRank = rank, true
+	b.DPRank = Some(rank)
 	return nil
 }
 
@@ -805,8 +806,8 @@ func (d *Decoder) check(e *Event, hasHashes bool) error {
 					nt, len(e.BlockHashes), e.BlockSize)
 			}
 		}
-		if e.HasExtraKeys && len(e.ExtraKeys) != len(e.BlockHashes) && len(e.ExtraKeys) != nt/max(e.BlockSize, 1) {
-			return d.errorf("extra_keys has %d entries for %d blocks", len(e.ExtraKeys), len(e.BlockHashes))
+		if x := e.ExtraKeys.v; e.ExtraKeys.ok && len(x) != len(e.BlockHashes) && len(x) != nt/max(e.BlockSize, 1) {
+			return d.errorf("extra_keys has %d entries for %d blocks", len(x), len(e.BlockHashes))
 		}
 	case EventBlockRemoved:
 		if !hasHashes {
@@ -843,10 +844,12 @@ func (d *Decoder) field(e *Event, f int) error {
 		if d.isNil() {
 			return nil
 		}
-		if e.Parent, err = d.hash("parent_block_hash"); err != nil {
+		if e.Parent.v, err = d.hash("parent_block_hash"); err != nil {
 			return err
 		}
-		e.HasParent = true
+		// No engine key is 0 but by a 2^-64 chance; llm-d means "none".
+		e.Parent.ok = e.Parent.v != 0
+		e.ZeroParent = e.Parent.v == 0
 	case fTokens:
 		n, err := d.arrayLen("token_ids", true, maxTokens)
 		if err != nil || n < 0 {
@@ -871,10 +874,10 @@ func (d *Decoder) field(e *Event, f int) error {
 		if d.isNil() {
 			return nil
 		}
-		if e.LoRAID, err = d.int("lora_id"); err != nil {
+		if e.LoRAID.v, err = d.int("lora_id"); err != nil {
 			return err
 		}
-		e.HasLoRAID = true
+		e.LoRAID.ok = true
 	case fMedium:
 		if d.isNil() {
 			return nil
@@ -899,13 +902,13 @@ func (d *Decoder) field(e *Event, f int) error {
 		if d.isNil() {
 			return nil
 		}
-		if e.GroupIdx, err = d.int("group_idx"); err != nil {
+		if e.GroupIdx.v, err = d.int("group_idx"); err != nil {
 			return err
 		}
-		if e.GroupIdx < 0 {
-			return d.errorf("negative group_idx %d", e.GroupIdx)
+		if e.GroupIdx.v < 0 {
+			return d.errorf("negative group_idx %d", e.GroupIdx.v)
 		}
-		e.HasGroupIdx = true
+		e.GroupIdx.ok = true
 	default:
 		return d.skip(1)
 	}
@@ -977,7 +980,7 @@ func (d *Decoder) extraKeys(e *Event) error {
 	if err != nil || n < 0 {
 		return err
 	}
-	e.HasExtraKeys = true
+	e.ExtraKeys.ok = true
 	// Spans first, slices after: extraBuf may move while it grows.
 	e.extraSpans = e.extraSpans[:0]
 	for i := range n {
@@ -1000,17 +1003,17 @@ func (d *Decoder) extraKeys(e *Event) error {
 		e.extraBuf = append(e.extraBuf, d.r.b[lo:d.r.i]...)
 		e.extraSpans = append(e.extraSpans, off, len(e.extraBuf))
 	}
-	if cap(e.ExtraKeys) < n {
-		e.ExtraKeys = make([][]byte, n)
+	if cap(e.ExtraKeys.v) < n {
+		e.ExtraKeys.v = make([][]byte, n)
 	}
-	e.ExtraKeys = e.ExtraKeys[:n]
-	for i := range e.ExtraKeys {
+	e.ExtraKeys.v = e.ExtraKeys.v[:n]
+	for i := range e.ExtraKeys.v {
 		lo, hi := e.extraSpans[2*i], e.extraSpans[2*i+1]
 		if lo < 0 {
-			e.ExtraKeys[i] = nil
+			e.ExtraKeys.v[i] = nil
 			continue
 		}
-		e.ExtraKeys[i] = e.extraBuf[lo:hi:hi]
+		e.ExtraKeys.v[i] = e.extraBuf[lo:hi:hi]
 	}
 	return nil
 }

@@ -53,7 +53,8 @@ func batchJSON(t *testing.T, b *Batch) string {
 		}
 		return out
 	}
-	optInt := func(v int, ok bool) any {
+	optInt := func(o Opt[int]) any {
+		v, ok := o.Get()
 		if !ok {
 			return nil
 		}
@@ -71,13 +72,13 @@ func batchJSON(t *testing.T, b *Batch) string {
 		switch e.Type {
 		case EventBlockStored:
 			var parent any
-			if e.HasParent {
-				parent = strconv.FormatUint(e.Parent, 10)
+			if p, ok := e.Parent.Get(); ok {
+				parent = strconv.FormatUint(p, 10)
 			}
 			var extra any
-			if e.HasExtraKeys {
-				keys := make([]any, len(e.ExtraKeys))
-				for j, raw := range e.ExtraKeys {
+			if raws, ok := e.ExtraKeys.Get(); ok {
+				keys := make([]any, len(raws))
+				for j, raw := range raws {
 					if raw == nil {
 						continue
 					}
@@ -94,14 +95,14 @@ func batchJSON(t *testing.T, b *Batch) string {
 			evs = append(evs, map[string]any{
 				"type": "BlockStored", "block_hashes": hashes(e.BlockHashes),
 				"parent_block_hash": parent, "token_ids": tokens, "block_size": e.BlockSize,
-				"lora_id": optInt(e.LoRAID, e.HasLoRAID), "medium": e.Medium,
+				"lora_id": optInt(e.LoRAID), "medium": e.Medium,
 				"lora_name": optStr(e.LoRAName), "extra_keys": extra,
-				"group_idx": optInt(e.GroupIdx, e.HasGroupIdx),
+				"group_idx": optInt(e.GroupIdx),
 			})
 		case EventBlockRemoved:
 			evs = append(evs, map[string]any{
 				"type": "BlockRemoved", "block_hashes": hashes(e.BlockHashes),
-				"medium": e.Medium, "group_idx": optInt(e.GroupIdx, e.HasGroupIdx),
+				"medium": e.Medium, "group_idx": optInt(e.GroupIdx),
 			})
 		case EventAllBlocksCleared:
 			evs = append(evs, map[string]any{"type": "AllBlocksCleared"})
@@ -110,8 +111,8 @@ func batchJSON(t *testing.T, b *Batch) string {
 		}
 	}
 	var rank any
-	if b.HasDPRank {
-		rank = b.DPRank
+	if r, ok := b.DPRank.Get(); ok {
+		rank = r
 	}
 	out, err := json.Marshal(map[string]any{"ts": b.TS, "dp_rank": rank, "events": evs})
 	require.NoError(t, err)
@@ -212,12 +213,13 @@ func TestDecodeReadsABatchEncodedAsAMap(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			require.Equal(t, tc.rank != nil, got.HasDPRank)
+			rank, ok := got.DPRank.Get()
+			require.Equal(t, tc.rank != nil, ok)
 			if tc.rank != nil {
-				require.Equal(t, tc.rank, got.DPRank)
+				require.Equal(t, tc.rank, rank)
 			}
 			// Apart from the rank, the same batch as the array form.
-			got.DPRank, got.HasDPRank = 0, false
+			got.DPRank = Opt[int]{}
 			require.JSONEq(t, batchJSON(t, &want), batchJSON(t, &got))
 		})
 	}
@@ -286,7 +288,7 @@ func FuzzDecode(f *testing.F) {
 				require.GreaterOrEqual(t, len(e.TokenIDs), len(e.BlockHashes)*e.BlockSize)
 			}
 			require.NotEmpty(t, e.Medium)
-			for _, raw := range e.ExtraKeys {
+			for _, raw := range e.ExtraKeys.Or(nil) {
 				if _, err := ExtraKeys(raw); err != nil {
 					require.ErrorIs(t, err, ErrMalformed)
 				}

@@ -1,10 +1,12 @@
 // Package events turns vLLM's KV-cache events into index updates, losing
 // nothing it could have known and saying loudly when it cannot trust its
-// state.
+// state. It is pure Go and knows no transport: package events/zmq receives
+// vLLM's ZMQ stream and drives it, and any other transport (NATS JetStream,
+// a file replay, a pure-Go ZMQ, an EPP plugin's own feed) can do the same.
 //
 // # Decoding
 //
-// vLLM publishes one ZMQ message per scheduler step, [topic, seq, payload],
+// vLLM publishes one message per scheduler step, [topic, seq, payload],
 // where payload is a msgpack EventBatch. Decoder reads every layout vLLM has
 // used (tagged positional arrays of each field generation, tagged maps with
 // omitted defaults and unknown fields), integer or raw-digest block hashes,
@@ -14,26 +16,43 @@
 // and the rest of its batch applies. The decoder walks the payload with
 // msgpack's streaming Decoder and reads integer arrays (token ids, block
 // hashes) straight from the same buffer: with msgpack's per-value calls one
-// core decodes about 2.3M blocks/s, with the direct path over 5M. Publisher
-// is a vLLM-compatible publisher (PUB, sequence numbers, ROUTER replay, both
-// layouts and both replay formats) for tests, examples and demos.
+// core decodes about 2.3M blocks/s, with the direct path over 5M.
+// AppendBatch encodes a Batch in either layout, for publishers in tests,
+// examples and demos.
 //
-// # Subscribing
+// # Processing
 //
-// Subscriber receives from engines in bind mode (one SUB socket every engine
-// connects to), connect mode (one SUB socket per pod endpoint, added and
-// removed at run time with AddPod and RemovePod, libzmq reconnecting), or
-// both. A holder is a (pod, data-parallel rank) pair; all messages of a pod
-// go to one of Config.Workers workers, so each holder's events apply in
-// order, and drive a Sink, normally an *index.Index. Config.MaxHolders
-// bounds the holders peers can make the subscriber track (in bind mode a
-// topic names any pod and a payload any rank).
+// A Processor applies the messages a transport hands it to a Sink, normally
+// an *index.Index:
+//
+//	proc, err := events.NewProcessor(events.Config{Sink: ix})
+//	err = proc.Start(ctx)        // ctx bounds every replay
+//	proc.Handle(ctx, events.Message{Pod: pod, Model: model, Seq: seq, Payload: payload, Replay: r})
+//	err = proc.WaitApplied(ctx, index.Holder{Pod: pod}, seq) // or proc.Sync(ctx)
+//	proc.Close()
+//
+// A holder is a (pod, data-parallel rank) pair. All messages of a pod go to
+// one of Config.Workers workers, so each holder's events apply in order;
+// one pod's messages must be handed in order. Message.Replay, an
+// implementation of Replayer, fetches a holder's earlier batches to close a
+// gap (vLLM's ROUTER replay socket, a JetStream stream read from a
+// sequence); nil when the pod has none. A replay runs on a goroutine of its
+// own: the pod's later messages wait behind it, other pods' do not, and it
+// returns as soon as Start's ctx is done. Config.MaxHolders bounds the
+// holders peers can make the processor track (a topic names any pod and a
+// payload any rank). WaitApplied waits for a holder to apply a sequence
+// number, Sync for everything handed so far, so that callers (tests,
+// replays of recorded traffic, a router checking its index) wait for a
+// condition instead of sleeping.
 //
 // Sequence numbers are tracked per holder:
 //   - A jump forward is a gap. When the pod has a replay endpoint the missed
-//     batches are fetched (both reply formats) and applied in order, up to
-//     the batch that showed the gap; Config.ReplayDeadline bounds the whole
-//     replay, since the worker applies no other pod's events meanwhile.
+//     batches are fetched and applied in order, up to the batch that showed
+//     the gap; Config.ReplayDeadline bounds the whole replay, since the
+//     pod's later events wait for it. vLLM's replay socket drops replies a
+//     slower reader cannot take in time, leaving holes the engine still
+//     buffers: the replay then asks again from the first missing batch, up
+//     to Config.ReplayRounds rounds (Stats.ReplayRounds, ReplayRecovered).
 //   - A gap replay cannot close (no endpoint, timeout, range no longer
 //     buffered) is handled by Config.Gap. The default, GapClear, clears the
 //     holder's entries: from then on the index holds a subset of the
@@ -51,11 +70,23 @@
 //     replay when possible. A replay that stops part-way leaves a gap
 //     before the first batch, which the gap policy handles. Config.InitialSeqs instead resumes a router
 //     restored from an index snapshot, treating what it missed as a gap.
-//   - A full worker queue does not block the receive loop for longer than
+//   - A full worker queue does not block Handle for longer than
 //     Config.EnqueueTimeout: the message is dropped, counted, and its pod is
-//     resynchronised from replay (or marked stale until the gap shows).
+//     resynchronised from replay (or marked stale until the gap shows). So
+//     are messages past Config.QueueLen waiting behind a pod's replay.
 //
 // Every case is counted in Stats and in each holder's HolderStatus.
+//
+// # Writing a transport
+//
+// A transport receives (topic or pod, sequence number, payload) triples,
+// maps each to a pod and model (ParseTopic is llm-d's "kv@<pod>@<model>"
+// convention), and calls Handle from one goroutine per pod at a time; what
+// it cannot read it reports with BadMessage. Its replay, if any, implements
+// Replayer: stream the buffered batches from a sequence number, stop when
+// fn returns false, honour ctx, and wrap ErrReplayTimeout when the source
+// goes quiet. It calls Start before the first Handle and Close after the
+// last.
 //
 // # The CPU offload tier
 //
@@ -82,7 +113,12 @@
 // (algorithm, PYTHONHASHSEED, block size). Config.Hasher enables the hash
 // agreement check: each BlockStored that starts at block 0 with token ids
 // is rehashed and compared, a mismatch is counted per holder and logged
-// once per holder and interval with its likely causes. Choose this mode
+// once per holder and interval with its likely cause (hashing.Diagnose:
+// the algorithm, seed or block size that reproduces the engine's keys, or
+// none, pointing at a random seed or at keys that are not vLLM's, whose
+// remedy Config.ContentKeysHint names). A parent hash of 0, which llm-d's
+// producers send for a chain's first block, reads as no parent
+// (Stats.ZeroParents), so their events are checked too. Choose this mode
 // whenever the engines' settings are known and reproducible: keys need no
 // translation and every event, including token-less ones, applies.
 //

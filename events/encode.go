@@ -35,7 +35,7 @@ func AppendBatch(dst []byte, b *Batch, layout Layout, trim int) []byte {
 			n++
 		}
 	}
-	if b.HasDPRank {
+	if b.DPRank.ok {
 		dst = append(dst, 0x93)
 	} else {
 		dst = append(dst, 0x92)
@@ -54,8 +54,8 @@ func AppendBatch(dst []byte, b *Batch, layout Layout, trim int) []byte {
 			dst = appendMapEvent(dst, e)
 		}
 	}
-	if b.HasDPRank {
-		dst = appendInt(dst, int64(b.DPRank))
+	if rank, ok := b.DPRank.Get(); ok {
+		dst = appendInt(dst, int64(rank))
 	}
 	return dst
 }
@@ -81,7 +81,7 @@ func appendArrayEvent(dst []byte, e *Event, trim int) []byte {
 			case 1:
 				dst = appendStr(dst, medium(e))
 			case 2:
-				dst = appendOptInt(dst, e.GroupIdx, e.HasGroupIdx)
+				dst = appendOptInt(dst, e.GroupIdx)
 			}
 		}
 		return dst
@@ -91,13 +91,13 @@ func appendArrayEvent(dst []byte, e *Event, trim int) []byte {
 		case fHashes:
 			dst = appendHashes(dst, e.BlockHashes)
 		case fParent:
-			dst = appendOptUint(dst, e.Parent, e.HasParent)
+			dst = appendOptUint(dst, e.Parent)
 		case fTokens:
 			dst = appendTokens(dst, e.TokenIDs)
 		case fBlockSize:
 			dst = appendInt(dst, int64(e.BlockSize))
 		case fLoRAID:
-			dst = appendOptInt(dst, e.LoRAID, e.HasLoRAID)
+			dst = appendOptInt(dst, e.LoRAID)
 		case fMedium:
 			dst = appendStr(dst, medium(e))
 		case fLoRAName:
@@ -105,7 +105,7 @@ func appendArrayEvent(dst []byte, e *Event, trim int) []byte {
 		case fExtraKeys:
 			dst = appendExtraKeys(dst, e)
 		case fGroupIdx:
-			dst = appendOptInt(dst, e.GroupIdx, e.HasGroupIdx)
+			dst = appendOptInt(dst, e.GroupIdx)
 		default: // kv_cache_spec_kind, kv_cache_spec_sliding_window
 			dst = append(dst, 0xc0)
 		}
@@ -120,37 +120,37 @@ func appendMapEvent(dst []byte, e *Event) []byte {
 		return appendStr(appendStr(dst, "type"), e.Type.String())
 	case EventBlockRemoved:
 		n := 3
-		if e.HasGroupIdx {
+		if e.GroupIdx.ok {
 			n++
 		}
 		dst = appendStr(appendStr(append(dst, 0x80|byte(n)), "type"), e.Type.String())
 		dst = appendHashes(appendStr(dst, "block_hashes"), e.BlockHashes)
 		dst = appendStr(appendStr(dst, "medium"), medium(e))
-		if e.HasGroupIdx {
-			dst = appendInt(appendStr(dst, "group_idx"), int64(e.GroupIdx))
+		if e.GroupIdx.ok {
+			dst = appendInt(appendStr(dst, "group_idx"), int64(e.GroupIdx.v))
 		}
 		return dst
 	}
 	n := 8
-	if e.HasExtraKeys {
+	if e.ExtraKeys.ok {
 		n++
 	}
-	if e.HasGroupIdx {
+	if e.GroupIdx.ok {
 		n++
 	}
 	dst = appendStr(appendStr(append(dst, 0x80|byte(n)), "type"), e.Type.String())
 	dst = appendHashes(appendStr(dst, "block_hashes"), e.BlockHashes)
-	dst = appendOptUint(appendStr(dst, "parent_block_hash"), e.Parent, e.HasParent)
+	dst = appendOptUint(appendStr(dst, "parent_block_hash"), e.Parent)
 	dst = appendTokens(appendStr(dst, "token_ids"), e.TokenIDs)
 	dst = appendInt(appendStr(dst, "block_size"), int64(e.BlockSize))
-	dst = appendOptInt(appendStr(dst, "lora_id"), e.LoRAID, e.HasLoRAID)
+	dst = appendOptInt(appendStr(dst, "lora_id"), e.LoRAID)
 	dst = appendStr(appendStr(dst, "medium"), medium(e))
 	dst = appendOptStr(appendStr(dst, "lora_name"), e.LoRAName)
-	if e.HasExtraKeys {
+	if e.ExtraKeys.ok {
 		dst = appendExtraKeys(appendStr(dst, "extra_keys"), e)
 	}
-	if e.HasGroupIdx {
-		dst = appendInt(appendStr(dst, "group_idx"), int64(e.GroupIdx))
+	if e.GroupIdx.ok {
+		dst = appendInt(appendStr(dst, "group_idx"), int64(e.GroupIdx.v))
 	}
 	return dst
 }
@@ -163,11 +163,11 @@ func medium(e *Event) string {
 }
 
 func appendExtraKeys(dst []byte, e *Event) []byte {
-	if !e.HasExtraKeys {
+	if !e.ExtraKeys.ok {
 		return append(dst, 0xc0)
 	}
-	dst = appendArrayLen(dst, len(e.ExtraKeys))
-	for _, k := range e.ExtraKeys {
+	dst = appendArrayLen(dst, len(e.ExtraKeys.v))
+	for _, k := range e.ExtraKeys.v {
 		if k == nil {
 			dst = append(dst, 0xc0)
 		} else {
@@ -256,16 +256,16 @@ func appendInt(dst []byte, v int64) []byte {
 	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
 }
 
-func appendOptUint(dst []byte, v uint64, ok bool) []byte {
-	if !ok {
+func appendOptUint(dst []byte, o Opt[uint64]) []byte {
+	if !o.ok {
 		return append(dst, 0xc0)
 	}
-	return appendUint(dst, v)
+	return appendUint(dst, o.v)
 }
 
-func appendOptInt(dst []byte, v int, ok bool) []byte {
-	if !ok {
+func appendOptInt(dst []byte, o Opt[int]) []byte {
+	if !o.ok {
 		return append(dst, 0xc0)
 	}
-	return appendInt(dst, int64(v))
+	return appendInt(dst, int64(o.v))
 }

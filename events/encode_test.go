@@ -11,7 +11,7 @@ import (
 func randomBatch(rng *rand.Rand) Batch {
 	b := Batch{TS: rng.Float64() * 1e9}
 	if rng.IntN(2) == 0 {
-		b.DPRank, b.HasDPRank = rng.IntN(8), true
+		b.DPRank = Some(rng.IntN(8))
 	}
 	for range rng.IntN(6) {
 		var e Event
@@ -30,21 +30,22 @@ func randomBatch(rng *rand.Rand) Batch {
 				}
 			}
 			if rng.IntN(2) == 0 {
-				e.Parent, e.HasParent = rng.Uint64(), true
+				e.Parent = Some(rng.Uint64())
 			}
 			if rng.IntN(2) == 0 {
-				e.LoRAID, e.HasLoRAID, e.LoRAName = rng.IntN(100), true, "lora-x"
+				e.LoRAID, e.LoRAName = Some(rng.IntN(100)), "lora-x"
 			}
 			if rng.IntN(2) == 0 {
-				e.HasExtraKeys = true
+				var extra [][]byte
 				for i := range n {
 					if i%2 == 0 {
-						e.ExtraKeys = append(e.ExtraKeys, nil)
+						extra = append(extra, nil)
 					} else {
 						// ("lora-x", ("img", -3))
-						e.ExtraKeys = append(e.ExtraKeys, []byte{0x92, 0xa6, 'l', 'o', 'r', 'a', '-', 'x', 0x92, 0xa3, 'i', 'm', 'g', 0xfd})
+						extra = append(extra, []byte{0x92, 0xa6, 'l', 'o', 'r', 'a', '-', 'x', 0x92, 0xa3, 'i', 'm', 'g', 0xfd})
 					}
 				}
+				e.ExtraKeys = Some(extra)
 			}
 		case 2:
 			e.Type = EventBlockRemoved
@@ -56,7 +57,7 @@ func randomBatch(rng *rand.Rand) Batch {
 			e.Medium = "GPU"
 		}
 		if e.Type != EventAllBlocksCleared && rng.IntN(2) == 0 {
-			e.GroupIdx, e.HasGroupIdx = rng.IntN(3), true
+			e.GroupIdx = Some(rng.IntN(3))
 		}
 		b.Events = append(b.Events, e)
 	}
@@ -66,7 +67,6 @@ func randomBatch(rng *rand.Rand) Batch {
 func requireSameBatch(t *testing.T, want, got *Batch) {
 	t.Helper()
 	require.Equal(t, want.TS, got.TS)
-	require.Equal(t, want.HasDPRank, got.HasDPRank)
 	require.Equal(t, want.DPRank, got.DPRank)
 	require.Len(t, got.Events, len(want.Events))
 	for i := range want.Events {
@@ -80,20 +80,19 @@ func requireSameBatch(t *testing.T, want, got *Batch) {
 		for j := range w.TokenIDs {
 			require.Equal(t, w.TokenIDs[j], g.TokenIDs[j])
 		}
-		require.Equal(t, w.HasParent, g.HasParent)
 		require.Equal(t, w.Parent, g.Parent)
 		require.Equal(t, w.Medium, g.Medium)
-		require.Equal(t, w.HasGroupIdx, g.HasGroupIdx)
 		require.Equal(t, w.GroupIdx, g.GroupIdx)
 		if w.Type == EventBlockStored {
 			require.Equal(t, w.BlockSize, g.BlockSize)
-			require.Equal(t, w.HasLoRAID, g.HasLoRAID)
 			require.Equal(t, w.LoRAID, g.LoRAID)
 			require.Equal(t, w.LoRAName, g.LoRAName)
-			require.Equal(t, w.HasExtraKeys, g.HasExtraKeys)
-			require.Equal(t, len(w.ExtraKeys), len(g.ExtraKeys))
-			for j := range w.ExtraKeys {
-				require.Equal(t, w.ExtraKeys[j], g.ExtraKeys[j])
+			wx, wok := w.ExtraKeys.Get()
+			gx, gok := g.ExtraKeys.Get()
+			require.Equal(t, wok, gok)
+			require.Equal(t, len(wx), len(gx))
+			for j := range wx {
+				require.Equal(t, wx[j], gx[j])
 			}
 		}
 	}
@@ -136,26 +135,27 @@ func TestAppendBatchReencodesConformancePayloadsToTheSameBatch(t *testing.T) {
 }
 
 func TestArrayLayoutTrimmedLikeV09DecodesWithDefaults(t *testing.T) {
-	b := Batch{TS: 1, Events: []Event{{Type: EventBlockStored, BlockHashes: []uint64{7, 8}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU", LoRAName: "x", HasGroupIdx: true, GroupIdx: 2}}}
+	b := Batch{TS: 1, Events: []Event{{Type: EventBlockStored, BlockHashes: []uint64{7, 8}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU", LoRAName: "x", GroupIdx: Some(2)}}}
 	var got Batch
 	require.NoError(t, NewDecoder().Decode(AppendBatch(nil, &b, LayoutArray, 5), &got))
 	e := got.Events[0]
 	require.Equal(t, []uint64{7, 8}, e.BlockHashes)
 	require.Equal(t, "GPU", e.Medium, "trimmed before medium: the default applies")
 	require.Empty(t, e.LoRAName)
-	require.False(t, e.HasGroupIdx)
+	_, ok := e.GroupIdx.Get()
+	require.False(t, ok)
 }
 
 // benchBatch is the benchmark shape: 32 BlockStored events of 16
 // blocks of 16 tokens, token ids in a realistic vocabulary range.
 func benchBatch() Batch {
 	rng := rand.New(rand.NewPCG(3, 4))
-	b := Batch{TS: 1.5, HasDPRank: true}
+	b := Batch{DPRank: Some(0), TS: 1.5}
 	parent := uint64(0)
 	for i := range 32 {
-		e := Event{Type: EventBlockStored, BlockSize: 16, Medium: "GPU", HasGroupIdx: true}
+		e := Event{GroupIdx: Some(0), Type: EventBlockStored, BlockSize: 16, Medium: "GPU"}
 		if i > 0 {
-			e.Parent, e.HasParent = parent, true
+			e.Parent = Some(parent)
 		}
 		for range 16 {
 			parent = rng.Uint64()
@@ -164,8 +164,7 @@ func benchBatch() Batch {
 				e.TokenIDs = append(e.TokenIDs, uint32(rng.IntN(150000)))
 			}
 		}
-		e.HasExtraKeys = true
-		e.ExtraKeys = make([][]byte, 16)
+		e.ExtraKeys = Some(make([][]byte, 16))
 		b.Events = append(b.Events, e)
 	}
 	return b

@@ -2,68 +2,39 @@ package events_test
 
 import (
 	"context"
+	"fmt"
 	"log"
 
 	"github.com/kvsource/kvsource/events"
-	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 )
 
-// A router binds one socket the engines connect to, also connects to a pod
-// its discovery found, and checks that the engines hash like it does.
-func ExampleSubscriber() {
+// A transport of its own (NATS, a file, a pure-Go ZMQ) hands each received
+// message to a Processor, which decodes it and applies it to the index in
+// sequence order; Sync waits until what was handed is applied.
+func ExampleProcessor() {
 	ix := index.New(index.Config{})
-	hasher, err := hashing.New(hashing.Config{Algo: hashing.SHA256, BlockSize: 16})
+	proc, err := events.NewProcessor(events.Config{Sink: ix})
 	if err != nil {
 		log.Fatal(err)
 	}
-	sub, err := events.NewSubscriber(events.Config{
-		Sink:        ix,
-		Bind:        []string{"tcp://*:5557"},
-		TopicPrefix: "kv@",
-		Hasher:      hasher,
-	})
-	if err != nil {
+	ctx := context.Background()
+	if err := proc.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	// Pod discovery: an engine with its PUB socket bound on 5557 and its
-	// replay socket on 5558.
-	if err := sub.AddPod("10.0.0.7:8000", "tcp://10.0.0.7:5557", "tcp://10.0.0.7:5558"); err != nil {
-		log.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		if err := sub.Run(ctx); err != nil {
-			log.Print(err)
-		}
-	}()
-	for _, st := range sub.Status() {
-		if st.HashMismatches > 0 || st.State != "live" {
-			log.Printf("do not trust %s: %+v", st.Holder(), st)
-		}
-	}
-}
+	defer proc.Close()
 
-// A test or demo engine: publish one step's events as vLLM would.
-func ExamplePublisher() {
-	pub, err := events.NewPublisher(events.PublisherConfig{
-		Endpoint:       "tcp://127.0.0.1:5557", // connected: the router binds
-		ReplayEndpoint: "tcp://*:5558",
-		Topic:          "kv@10.0.0.7:8000@meta-llama/Llama-3.1-8B",
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pub.Close()
 	batch := events.Batch{TS: 1.5, Events: []events.Event{{
 		Type:        events.EventBlockStored,
 		BlockHashes: []uint64{0x1234, 0x5678},
-		TokenIDs:    make([]uint32, 32),
 		BlockSize:   16,
 		Medium:      "GPU",
 	}}}
-	if _, err := pub.Publish(&batch); err != nil {
+	payload := events.AppendBatch(nil, &batch, events.LayoutMap, 0)
+	proc.Handle(ctx, events.Message{Pod: "10.0.0.7:8000", Model: "llama", Seq: 0, Payload: payload})
+	if err := proc.Sync(ctx); err != nil {
 		log.Fatal(err)
 	}
+	fmt.Println(ix.Holders("llama", 0x5678, nil))
+	// Output: [10.0.0.7:8000]
 }

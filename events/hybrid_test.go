@@ -19,8 +19,10 @@ type storeCall struct {
 // callSink records every Store call as made.
 type callSink struct{ stores []storeCall }
 
-func (s *callSink) Store(model string, h index.Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
-	s.stores = append(s.stores, storeCall{group, parent, hasParent, append([]uint64(nil), keys...)})
+func (s *callSink) Store(b index.Blocks) {
+	c := storeCall{group: b.Group, keys: append([]uint64(nil), b.Keys...)}
+	c.parent, c.hasParent = b.Parent.Key()
+	s.stores = append(s.stores, c)
 }
 func (s *callSink) Remove(string, index.Holder, string, int, []uint64) {}
 func (s *callSink) ClearHolder(string, index.Holder, string)           {}
@@ -30,17 +32,16 @@ func (s *callSink) ClearHolder(string, index.Holder, string)           {}
 // what is tested.
 func applyEvents(t *testing.T, sink Sink, events ...Event) {
 	t.Helper()
-	s, err := NewSubscriber(Config{Sink: sink, Logger: newTextLogger(discard{})})
-	require.NoError(t, err)
-	w := newWorker(s)
-	b := batchOf(events...)
-	w.handle(message{src: &source{pod: "pod"}, model: "m", seq: 0, payload: AppendBatch(nil, &b, LayoutMap, 0)})
-	require.Equal(t, uint64(1), s.Stats().Batches, "the batch was applied")
+	p := startProcessor(t, Config{Sink: sink})
+	b := Batch{DPRank: Some(0), TS: 1, Events: events}
+	p.Handle(t.Context(), Message{Pod: "pod", Model: "m", Seq: 0, Payload: AppendBatch(nil, &b, LayoutMap, 0)})
+	require.NoError(t, p.Sync(t.Context()))
+	require.Equal(t, uint64(1), p.Stats().Batches, "the batch was applied")
 }
 
 func TestApplyStoresHybridSkipEventsOneKeyAtATimeWithoutParent(t *testing.T) {
 	t.Parallel()
-	withGroup := func(e Event, g int) Event { e.GroupIdx, e.HasGroupIdx = g, true; return e }
+	withGroup := func(e Event, g int) Event { e.GroupIdx = Some(g); return e }
 	cases := []struct {
 		name  string
 		event Event

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 func TestLogLimiterLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	clock := time.Unix(1e9, 0)
-	l := &logLimiter{log: newTextLogger(&buf), interval: 50 * time.Millisecond, now: func() time.Time { return clock }}
+	l := &logLimiter{log: testenv.TextLogger(&buf), interval: 50 * time.Millisecond, now: func() time.Time { return clock }}
 	for seq := range 100 {
 		l.logf(slog.LevelError, "bad payload", "pod-a", "seq", seq)
 	}
@@ -26,8 +28,8 @@ func TestLogLimiterLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 }
 
 func TestLogLimiterLogsAnyOncePerIntervalWhateverThePod(t *testing.T) {
-	var buf syncBuffer
-	l := &logLimiter{log: newTextLogger(&buf), interval: time.Hour}
+	var buf testenv.SyncBuffer
+	l := &logLimiter{log: testenv.TextLogger(&buf), interval: time.Hour}
 	for i := range 100 {
 		l.logAny(slog.LevelWarn, "new holder dropped", fmt.Sprintf("pod-%d", i), "seq", i)
 	}

@@ -7,8 +7,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events/internal/eventstest"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 const chunkedWarning = "CPU-tier lookups will undercount: configure the offloading connector's block_size equal to the GPU block size"
@@ -103,18 +106,18 @@ func TestChunkedOffloadIsCountedAndWarnedOncePerHolderAndStillApplied(t *testing
 	for _, tc := range cases {
 		for _, layout := range []Layout{LayoutMap, LayoutArray} {
 			t.Run(tc.name+"/"+layout.String(), func(t *testing.T) {
-				logs := &syncBuffer{}
-				sink := newRecSink()
-				s, err := NewSubscriber(Config{Sink: sink, Hasher: tc.hasher, Logger: newTextLogger(logs)})
+				logs := &testenv.SyncBuffer{}
+				sink := eventstest.NewRecSink()
+				s, err := NewProcessor(Config{Sink: sink, Hasher: tc.hasher, Logger: testenv.TextLogger(logs)})
 				require.NoError(t, err)
 				w := newWorker(s)
 				seqs := map[int]uint64{}
 				for _, m := range tc.msgs {
 					b := batchOf(m.events...)
-					b.DPRank = m.rank
+					b.DPRank = Some(m.rank)
 					// Each rank numbers its own batches: a shared count
 					// would be a gap, and the gap policy a clear.
-					w.handle(message{src: &source{pod: "pod"}, model: "m", seq: seqs[m.rank], payload: AppendBatch(nil, &b, layout, 0)})
+					w.handle(message{Message: Message{Pod: "pod", Model: "m", Seq: seqs[m.rank], Payload: AppendBatch(nil, &b, layout, 0)}})
 					seqs[m.rank]++
 				}
 				require.Equal(t, uint64(len(tc.msgs)), s.Stats().Batches, "every batch applied")
@@ -123,7 +126,7 @@ func TestChunkedOffloadIsCountedAndWarnedOncePerHolderAndStillApplied(t *testing
 				for rank, want := range tc.want {
 					h := index.Holder{Pod: "pod", Rank: rank}
 					require.Equal(t, want, statusOf(s, h).ChunkedOffload, "rank %d", rank)
-					require.Equal(t, tc.cpuKeys[rank], sink.keys("m", h, "CPU"), "rank %d: CPU events applied as before", rank)
+					require.Equal(t, tc.cpuKeys[rank], sink.Keys("m", h, "CPU"), "rank %d: CPU events applied as before", rank)
 					total += want
 				}
 				require.Equal(t, total, s.Stats().ChunkedOffload)
@@ -143,7 +146,7 @@ func TestChunkedOffloadEventWithTokensIsNotReportedAsAHashMismatch(t *testing.T)
 	t.Parallel()
 	hasher, err := hashing.New(hashing.Config{BlockSize: 4})
 	require.NoError(t, err)
-	s, err := NewSubscriber(Config{Sink: newRecSink(), Hasher: hasher, Logger: newTextLogger(discard{})})
+	s, err := NewProcessor(Config{Sink: eventstest.NewRecSink(), Hasher: hasher, Logger: testenv.TextLogger(discard{})})
 	require.NoError(t, err)
 	w := newWorker(s)
 	// A self-describing chunk of four GPU blocks from block 0: its tokens
@@ -151,7 +154,7 @@ func TestChunkedOffloadEventWithTokensIsNotReportedAsAHashMismatch(t *testing.T)
 	cpu := storedTokens(nil, seqTokens(0, 16), 99)
 	cpu.BlockSize, cpu.Medium = 16, "CPU"
 	b := batchOf(cpu)
-	w.handle(message{src: &source{pod: "pod"}, model: "m", seq: 0, payload: AppendBatch(nil, &b, LayoutMap, 0)})
+	w.handle(message{Message: Message{Pod: "pod", Model: "m", Seq: 0, Payload: AppendBatch(nil, &b, LayoutMap, 0)}})
 
 	st := s.Stats()
 	require.Equal(t, uint64(1), st.ChunkedOffload)

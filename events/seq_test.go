@@ -6,7 +6,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events/internal/eventstest"
 	"github.com/kvsource/kvsource/index"
+
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 // engineModel is a brute-force model of one vLLM engine's cache: the keys
@@ -18,7 +21,7 @@ type engineModel struct {
 }
 
 func (m *engineModel) batch() Batch {
-	b := Batch{TS: 1, HasDPRank: true}
+	b := Batch{DPRank: Some(0), TS: 1}
 	for range 1 + m.rng.IntN(3) {
 		tier := []string{"GPU", "CPU"}[m.rng.IntN(2)]
 		switch r := m.rng.IntN(10); {
@@ -54,11 +57,10 @@ func (m *engineModel) batch() Batch {
 func TestSequenceTrackingNeverLeavesBlocksTheEngineDropped(t *testing.T) {
 	for seed := range uint64(30) {
 		rng := rand.New(rand.NewPCG(seed, 77))
-		sink := newRecSink()
-		s, err := NewSubscriber(Config{Sink: sink, Logger: newTextLogger(discard{})})
+		sink := eventstest.NewRecSink()
+		s, err := NewProcessor(Config{Sink: sink, Logger: testenv.TextLogger(discard{})})
 		require.NoError(t, err)
 		w := newWorker(s)
-		src := &source{pod: "pod"}
 		h := index.Holder{Pod: "pod"}
 		eng := &engineModel{rng: rng, held: map[string]map[uint64]bool{"GPU": {}, "CPU": {}}}
 		var seq uint64
@@ -77,7 +79,7 @@ func TestSequenceTrackingNeverLeavesBlocksTheEngineDropped(t *testing.T) {
 				}
 				lossless = true
 				b := eng.batch()
-				w.handle(message{src: src, model: "m", seq: seq, payload: AppendBatch(nil, &b, LayoutMap, 0)})
+				w.handle(message{Message: Message{Pod: "pod", Model: "m", Seq: seq, Payload: AppendBatch(nil, &b, LayoutMap, 0)}})
 				delivered = true
 				seq++
 				continue
@@ -90,11 +92,11 @@ func TestSequenceTrackingNeverLeavesBlocksTheEngineDropped(t *testing.T) {
 				losses++
 				continue
 			}
-			w.handle(message{src: src, model: "m", seq: seq, payload: payload})
+			w.handle(message{Message: Message{Pod: "pod", Model: "m", Seq: seq, Payload: payload}})
 			delivered = true
 			seq++
 			for _, tier := range []string{"GPU", "CPU"} {
-				got := sink.keys("m", h, tier)
+				got := sink.Keys("m", h, tier)
 				for _, k := range got {
 					require.True(t, eng.held[tier][k], "seed %d step %d: %s block %d is gone from the engine", seed, step, tier, k)
 				}

@@ -1,28 +1,25 @@
 package events
 
 import (
-	"encoding/binary"
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 )
 
-// holder is one (pod, rank) stream. The worker owning the pod alone writes
-// it; Status reads only the atomics.
+// holder is one (pod, rank) stream. The goroutine handling its pod alone
+// writes it (the pod's worker, or the replay the worker started for the
+// pod); Status reads only the atomics.
 type holder struct {
-	id    index.Holder
-	src   *source
-	model string
+	id     index.Holder
+	replay Replayer
+	model  string
 
 	started bool
 	next    uint64 // sequence number expected next
@@ -45,17 +42,18 @@ type holder struct {
 	gpuBlockSize []int
 	lastChunkLog time.Time
 
-	lastSeq, gaps, replays, unrecovered, restarts atomic.Uint64
-	hashChecks, hashMismatches, chunkedOffload    atomic.Uint64
-	stale                                         atomic.Bool
+	c       counters // those of Counters kept per holder
+	lastSeq atomic.Uint64
+	stale   atomic.Bool
+	hasSeq  atomic.Bool // lastSeq is a batch applied (or InitialSeqs)
 }
 
 func (h *holder) status() HolderStatus {
-	st := HolderStatus{
-		Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), Gaps: h.gaps.Load(),
-		Replays: h.replays.Load(), Unrecovered: h.unrecovered.Load(), Restarts: h.restarts.Load(),
-		HashChecks: h.hashChecks.Load(), HashMismatches: h.hashMismatches.Load(),
-		ChunkedOffload: h.chunkedOffload.Load(), State: "live",
+	st := HolderStatus{Pod: h.id.Pod, Rank: h.id.Rank, LastSeq: h.lastSeq.Load(), State: "live"}
+	for _, c := range Counters {
+		if c.Holder != nil {
+			*c.Holder(&st) = h.c[c.id].Load()
+		}
 	}
 	if m := h.statModel.Load(); m != nil {
 		st.Model = *m
@@ -68,50 +66,158 @@ func (h *holder) status() HolderStatus {
 
 func (h *holder) setStale() { h.stale.Store(h.keepStale || h.resyncing) }
 
+// message is one handed message on its way to a worker.
+type message struct {
+	Message
+	ps      *podState // Processor.overflow past Config.MaxHolders pods
+	tracked bool      // ps is the pod's own: its replays may run off the worker
+}
+
+// pending is a pod whose replay runs off the worker, and what arrived for
+// the pod meanwhile, handled in order once the replay ends.
+type pending struct {
+	queue []pendingItem
+}
+
+// resync queues a resync of the pod after its queued messages, merged
+// with one queued last, so that drops cannot grow the queue.
+func (pq *pending) resync(dropped uint64) {
+	if n := len(pq.queue); n > 0 && pq.queue[n-1].resync {
+		pq.queue[n-1].dropped = max(pq.queue[n-1].dropped, dropped)
+		return
+	}
+	pq.queue = append(pq.queue, pendingItem{resync: true, dropped: dropped})
+}
+
+type pendingItem struct {
+	m       message
+	resync  bool   // a resync of the pod, not a message
+	dropped uint64 // of a resync: the highest dropped sequence number
+}
+
 type worker struct {
-	s       *Subscriber
+	p       *Processor
 	in      chan message
 	holders map[index.Holder]*holder
 
+	// The decode and apply buffers. A replay running off the worker has a
+	// worker value of its own, sharing only p.
 	dec, rdec     *Decoder
 	xdec          *Decoder // extra-keys tuples of the batch dec decoded
 	batch, rbatch Batch
 	keys, keys2   []uint64
 	extra         [][]hashing.ExtraKey
 
-	// congested is the receive loop's: an enqueue to this worker timed out
-	// and none has succeeded since.
-	congested bool
+	// congested is Handle's: an enqueue to this worker timed out and none
+	// has succeeded since.
+	congested atomic.Bool
+
+	busy     map[string]*pending // pods whose replay runs off the worker
+	finished chan string         // pods whose off-worker replay ended
+	inflight int                 // off-worker replays running
 
 	resyncMu   sync.Mutex
 	resyncPods map[string]uint64 // pod -> highest dropped sequence number
 	resyncSig  chan struct{}
 }
 
-func newWorker(s *Subscriber) *worker {
+func newWorker(p *Processor) *worker {
 	return &worker{
-		s: s, in: make(chan message, s.cfg.QueueLen), holders: map[index.Holder]*holder{},
+		p: p, in: make(chan message, p.cfg.QueueLen), holders: map[index.Holder]*holder{},
 		dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder(),
+		busy: map[string]*pending{}, finished: make(chan string),
 		resyncPods: map[string]uint64{}, resyncSig: make(chan struct{}, 1),
 	}
 }
 
+// offWorker returns a worker value with buffers of its own for a replay
+// running on another goroutine.
+func (w *worker) offWorker() *worker {
+	return &worker{p: w.p, dec: NewDecoder(), rdec: NewDecoder(), xdec: NewDecoder()}
+}
+
 func (w *worker) run() {
-	for {
+	in := w.in
+	for in != nil || w.inflight > 0 {
 		select {
-		case m, ok := <-w.in:
+		case m, ok := <-in:
 			if !ok {
-				return
+				in = nil
+				continue
 			}
-			w.handle(m)
+			w.route(m)
+		case pod := <-w.finished:
+			w.inflight--
+			w.resume(pod)
 		case <-w.resyncSig:
 			w.resync()
 		}
 	}
 }
 
-// markResync is called by the receive loop after dropping message seq of
-// pod.
+// route handles m, or queues it behind its pod's running replay.
+func (w *worker) route(m message) {
+	if pq := w.busy[m.Pod]; pq != nil {
+		if len(pq.queue) >= w.p.cfg.QueueLen {
+			w.p.c[cQueueFull].Add(1)
+			w.p.limited.logf(slog.LevelWarn, "events: too many messages behind a replay; dropping, the pod marked for resync",
+				m.Pod, "seq", m.Seq)
+			w.closeMessage(m)
+			pq.resync(m.Seq)
+			return
+		}
+		pq.queue = append(pq.queue, pendingItem{m: m})
+		return
+	}
+	w.handle(m)
+}
+
+// offload runs fn, which replays for pod, on a goroutine of its own with
+// its own buffers; the pod's messages wait behind it, others do not.
+func (w *worker) offload(pod string, fn func(ow *worker)) {
+	w.busy[pod] = &pending{}
+	w.inflight++
+	ow := w.offWorker()
+	go func() {
+		fn(ow)
+		w.finished <- pod
+	}()
+}
+
+// resume handles what arrived for pod while its replay ran, in order, until
+// one of them starts another replay.
+func (w *worker) resume(pod string) {
+	pq := w.busy[pod]
+	delete(w.busy, pod)
+	for i, it := range pq.queue {
+		if next := w.busy[pod]; next != nil {
+			next.queue = append(next.queue, pq.queue[i:]...)
+			return
+		}
+		if it.resync {
+			w.resyncPod(pod, it.dropped)
+		} else {
+			w.handle(it.m)
+		}
+	}
+}
+
+// closeMessage records that m was handled, for Sync.
+func (w *worker) closeMessage(m message) {
+	if m.ps != nil {
+		m.ps.closed.Add(1)
+	}
+	w.p.applied.broadcast()
+}
+
+// dropped is Handle's, after dropping m on a full queue.
+func (w *worker) dropped(m message) {
+	w.p.c[cQueueFull].Add(1)
+	w.closeMessage(m)
+	w.markResync(m.Pod, m.Seq)
+}
+
+// markResync records that message seq of pod was dropped.
 func (w *worker) markResync(pod string, seq uint64) {
 	w.resyncMu.Lock()
 	if old, ok := w.resyncPods[pod]; !ok || seq > old {
@@ -124,128 +230,174 @@ func (w *worker) markResync(pod string, seq uint64) {
 	}
 }
 
-// resync handles pods that lost a message to a full queue: holders with a
-// replay endpoint fetch everything after what they applied; the others, and
-// those whose replay failed, are stale until their next message shows the
-// gap, which the gap policy then resolves. Older messages still queued do
-// not end that: they precede the dropped ones. (The dropped message's rank
-// is unknown, so each holder of the pod waits for the same number.)
 func (w *worker) resync() {
 	w.resyncMu.Lock()
 	pods := w.resyncPods
 	w.resyncPods = map[string]uint64{}
 	w.resyncMu.Unlock()
-	for _, h := range w.holders {
-		dropped, ok := pods[h.id.Pod]
-		if !ok || !h.started {
+	for pod, dropped := range pods {
+		if pq := w.busy[pod]; pq != nil {
+			pq.resync(dropped)
 			continue
 		}
-		if ep := replayFor(h.src, h.id.Rank); ep != "" {
-			answered := h.replays.Load()
-			// No end target: dropped is the pod's, and may belong to another
-			// rank's sequence; ReplayDeadline bounds the replay instead.
-			w.replay(h, ep, h.next, noTarget)
-			if h.replays.Load() != answered {
-				continue
+		w.resyncPod(pod, dropped)
+	}
+}
+
+// resyncPod handles a pod that lost a message to a full queue: holders with
+// a replay endpoint fetch everything after what they applied; the others,
+// and those whose replay failed, are stale until their next message shows
+// the gap, which the gap policy then resolves. Older messages still queued
+// do not end that: they precede the dropped ones. (The dropped message's
+// rank is unknown, so each holder of the pod waits for the same number.)
+func (w *worker) resyncPod(pod string, dropped uint64) {
+	var hs []*holder
+	for _, h := range w.holders {
+		if h.id.Pod == pod && h.started {
+			hs = append(hs, h)
+		}
+	}
+	if len(hs) == 0 {
+		return
+	}
+	resync := func(w *worker) {
+		for _, h := range hs {
+			if w.canReplay(h) {
+				answered := h.c[cReplays].Load()
+				// No end target: dropped is the pod's, and may belong to
+				// another rank's sequence; ReplayDeadline bounds the
+				// replay instead.
+				w.replay(h, h.next, noTarget)
+				if h.c[cReplays].Load() != answered {
+					continue
+				}
+			}
+			if !h.resyncing || dropped > h.resyncSeq {
+				h.resyncSeq = dropped
+			}
+			h.resyncing = true
+			h.setStale()
+		}
+	}
+	// Pods past Config.MaxHolders replay on the worker (see
+	// Processor.overflow).
+	if _, tracked := w.p.pods.Load(pod); tracked {
+		for _, h := range hs {
+			if w.canReplay(h) {
+				w.offload(pod, resync)
+				return
 			}
 		}
-		if !h.resyncing || dropped > h.resyncSeq {
-			h.resyncSeq = dropped
-		}
-		h.resyncing = true
-		h.setStale()
 	}
+	resync(w)
 }
 
-// replayFor returns the replay endpoint serving rank of src, "" when none.
-func replayFor(src *source, rank int) string {
-	if src.replay == "" || !src.perRank || rank == 0 {
-		return src.replay
-	}
-	return offsetPort(src.replay, rank)
+// canReplay reports whether a replay of h would be tried now.
+func (w *worker) canReplay(h *holder) bool {
+	return h.replay != nil && !time.Now().Before(h.replayAfter) && w.p.ctx.Err() == nil
 }
 
-// offsetPort adds off to a tcp:// endpoint's port, as vLLM does for
-// data-parallel ranks; other transports get a "_dp<rank>" suffix.
-func offsetPort(ep string, off int) string {
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	if !ok {
-		return ep + "_dp" + strconv.Itoa(off)
-	}
-	host, port, err := net.SplitHostPort(rest)
-	if err != nil {
-		return ep
-	}
-	p, err := strconv.Atoi(port)
-	if err != nil {
-		return ep
-	}
-	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+off))
-}
-
-// holder returns the holder of rank of src, creating it when new; nil, the
-// message counted and logged as dropped, when it is new and the subscriber
-// holds Config.MaxHolders holders already.
-func (w *worker) holder(src *source, rank int, model string, seq uint64) *holder {
-	id := index.Holder{Pod: src.pod, Rank: rank}
+// holder returns the holder of rank of m's pod, creating it when new; nil,
+// the message counted and logged as dropped, when it is new and the
+// processor holds Config.MaxHolders holders already.
+func (w *worker) holder(m *message, rank int) *holder {
+	id := index.Holder{Pod: m.Pod, Rank: rank}
 	h := w.holders[id]
 	if h == nil {
-		if w.s.nHolders.Add(1) > int64(w.s.cfg.MaxHolders) {
-			w.s.nHolders.Add(-1)
-			w.s.c.holderLimit.Add(1)
+		if w.p.nHolders.Add(1) > int64(w.p.cfg.MaxHolders) {
+			w.p.nHolders.Add(-1)
+			w.p.c[cHolderLimit].Add(1)
 			// Limited across pods: a peer inventing names must not flood
 			// the log either.
-			w.s.limited.logAny(slog.LevelWarn, "events: holder limit reached, dropping a new holder's message",
-				src.pod, "rank", rank, "seq", seq, "max_holders", w.s.cfg.MaxHolders)
+			w.p.limited.logAny(slog.LevelWarn, "events: holder limit reached, dropping a new holder's message",
+				m.Pod, "rank", rank, "seq", m.Seq, "max_holders", w.p.cfg.MaxHolders)
 			return nil
 		}
 		h = &holder{id: id}
-		if seq, ok := w.s.cfg.InitialSeqs[id]; ok {
+		if seq, ok := w.p.cfg.InitialSeqs[id]; ok {
 			h.started, h.next, h.liveMax = true, seq+1, seq
 			h.lastSeq.Store(seq)
+			h.hasSeq.Store(true)
 		}
-		if w.s.cfg.ContentKeys != nil {
-			h.content = newContentMap(w.s.cfg.ContentMapSize)
+		if w.p.cfg.ContentKeys != nil {
+			h.content = newContentMap(w.p.cfg.ContentMapSize)
 		}
 		w.holders[id] = h
-		w.s.holders.Store(id, h)
+		w.p.holders.Store(id, h)
 	}
-	h.src = src
-	if h.model != model {
-		h.model = model
-		h.statModel.Store(&model)
+	h.replay = m.Replay
+	if h.model != m.Model {
+		h.model = m.Model
+		h.statModel.Store(&m.Model)
 	}
 	return h
 }
 
+// handle decodes m and steps its holder's state machine, on another
+// goroutine when that replays.
 func (w *worker) handle(m message) {
-	if err := w.dec.Decode(m.payload, &w.batch); err != nil {
-		w.decodeError(m.src.pod, m.seq, err)
+	if err := w.dec.Decode(m.Payload, &w.batch); err != nil {
+		w.decodeError(m.Pod, m.Seq, err)
+		w.closeMessage(m)
 		return
 	}
-	h := w.holder(m.src, w.batch.DPRank, m.model, m.seq)
+	h := w.holder(&m, w.batch.DPRank.Or(0))
 	if h == nil {
+		w.closeMessage(m)
 		return
 	}
-	seq := m.seq
+	if m.tracked && w.replays(h, m.Seq) {
+		w.offload(m.Pod, func(ow *worker) {
+			// The payload decoded before; only the buffers differ.
+			_ = ow.dec.Decode(m.Payload, &ow.batch)
+			ow.step(h, m.Seq)
+			ow.closeMessage(m)
+		})
+		return
+	}
+	w.step(h, m.Seq)
+	w.closeMessage(m)
+}
+
+// replays reports whether step(h, seq) would replay.
+func (w *worker) replays(h *holder, seq uint64) bool {
+	if !w.canReplay(h) {
+		return false
+	}
+	switch {
+	case !h.started:
+		return seq != 0
+	case seq == h.next:
+		return false
+	case seq > h.next:
+		return true
+	case seq > h.liveMax:
+		return false
+	}
+	return seq != 0
+}
+
+// step applies w.batch, batch seq of h, after what its sequence number
+// says about the batches before it.
+func (w *worker) step(h *holder, seq uint64) {
 	switch {
 	case !h.started:
 		h.started = true
 		w.catchUp(h, seq)
 	case seq == h.next:
 	case seq > h.next:
-		w.s.c.gaps.Add(1)
-		h.gaps.Add(1)
-		w.s.limited.logf(slog.LevelWarn, "events: sequence gap", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
-		if ep := replayFor(h.src, h.id.Rank); ep != "" {
-			w.replay(h, ep, h.next, seq)
+		w.p.c[cGaps].Add(1)
+		h.c[cGaps].Add(1)
+		w.p.limited.logf(slog.LevelWarn, "events: sequence gap", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
+		if w.canReplay(h) {
+			w.replay(h, h.next, seq)
 		}
 		if seq > h.next {
 			w.unrecovered(h, h.next, seq-1, "no replay endpoint or replay failed")
 		}
 	case seq > h.liveMax:
 		// Already applied from a replay that ran ahead of the live stream.
-		w.s.c.dups.Add(1)
+		w.p.c[cDups].Add(1)
 		h.liveMax = seq
 		return
 	default:
@@ -254,7 +406,7 @@ func (w *worker) handle(m message) {
 	}
 	h.liveMax = max(h.liveMax, seq)
 	if seq < h.next {
-		w.s.c.dups.Add(1)
+		w.p.c[cDups].Add(1)
 		return
 	}
 	w.apply(h, &w.batch, seq)
@@ -269,12 +421,13 @@ func (w *worker) handle(m message) {
 // leaves one between what it applied and seq, and the gap policy handles
 // it: a batch in it may have removed a block that replay stored.
 func (w *worker) catchUp(h *holder, seq uint64) {
-	ep := replayFor(h.src, h.id.Rank)
-	if ep == "" || seq == 0 {
+	if h.replay == nil || seq == 0 {
 		return
 	}
 	h.next = 0
-	w.replay(h, ep, 0, seq)
+	if w.canReplay(h) {
+		w.replay(h, 0, seq)
+	}
 	switch {
 	case h.next == 0:
 		h.next = seq
@@ -284,21 +437,21 @@ func (w *worker) catchUp(h *holder, seq uint64) {
 }
 
 func (w *worker) decodeError(pod string, seq uint64, err error) {
-	w.s.c.decodeErrors.Add(1)
-	if pc := w.s.podCounters(pod); pc != nil {
-		pc.decodeErrors.Add(1)
+	w.p.c[cDecodeErrors].Add(1)
+	if n := w.p.errCount(pod); n != nil {
+		n.Add(1)
 	}
-	w.s.limited.logf(slog.LevelError, "events: dropped malformed payload", pod, "seq", seq, "err", err)
+	w.p.limited.logf(slog.LevelError, "events: dropped malformed payload", pod, "seq", seq, "err", err)
 }
 
 // restart handles a sequence number that went backwards: a new engine
 // process with an empty cache.
 func (w *worker) restart(h *holder, seq uint64) {
-	w.s.c.restarts.Add(1)
-	h.restarts.Add(1)
-	w.s.log.Warn("events: engine restarted (sequence went backwards), clearing its entries",
+	w.p.c[cRestarts].Add(1)
+	h.c[cRestarts].Add(1)
+	w.p.log.Warn("events: engine restarted (sequence went backwards), clearing its entries",
 		"pod", h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq)
-	w.s.cfg.Sink.ClearHolder(h.model, h.id, "")
+	w.p.cfg.Sink.ClearHolder(h.model, h.id, "")
 	if h.content != nil {
 		h.content.reset()
 	}
@@ -311,19 +464,19 @@ func (w *worker) restart(h *holder, seq uint64) {
 
 // unrecovered applies the gap policy to a range of batches that are lost.
 func (w *worker) unrecovered(h *holder, from, to uint64, why string) {
-	w.s.c.unrecovered.Add(1)
-	h.unrecovered.Add(1)
+	w.p.c[cUnrecovered].Add(1)
+	h.c[cUnrecovered].Add(1)
 	if to >= h.resyncSeq {
 		h.resyncing = false
 	}
-	if w.s.cfg.Gap == GapKeep {
-		w.s.limited.logf(slog.LevelWarn, "events: lost batches, holder stale until the engine clears or restarts",
+	if w.p.cfg.Gap == GapKeep {
+		w.p.limited.logf(slog.LevelWarn, "events: lost batches, holder stale until the engine clears or restarts",
 			h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
 		h.keepStale = true
 	} else {
-		w.s.limited.logf(slog.LevelWarn, "events: lost batches, clearing the holder's entries",
+		w.p.limited.logf(slog.LevelWarn, "events: lost batches, clearing the holder's entries",
 			h.id.Pod, "rank", h.id.Rank, "from", from, "to", to, "why", why)
-		w.s.cfg.Sink.ClearHolder(h.model, h.id, "")
+		w.p.cfg.Sink.ClearHolder(h.model, h.id, "")
 	}
 	h.next = to + 1
 	h.setStale()
@@ -336,82 +489,68 @@ const noTarget = ^uint64(0)
 // replay fetches the batches from seq from on and applies those that follow
 // on what h applied, in order, until the endpoint's end marker or until the
 // batches before seq until are covered: the live stream delivers the rest,
-// and an endpoint sending ever more must not hold the worker. A range the
+// and an endpoint sending ever more must not hold the pod. A range the
 // engine no longer buffers is handed to the gap policy (except before h's
 // first batch).
-func (w *worker) replay(h *holder, endpoint string, from, until uint64) {
-	if time.Now().Before(h.replayAfter) {
-		return
-	}
-	sock, err := zmq.NewSocket(zmq.DEALER)
-	if err != nil {
-		w.replayFailed(h, endpoint, err)
-		return
-	}
-	defer sock.Close()
-	_ = sock.SetLinger(0)
-	if err := sock.Connect(endpoint); err != nil {
-		w.replayFailed(h, endpoint, err)
-		return
-	}
-	var start [8]byte
-	binary.BigEndian.PutUint64(start[:], from)
-	if _, err := sock.SendMessage("", start[:]); err != nil {
-		w.replayFailed(h, endpoint, err)
-		return
-	}
+//
+// vLLM's replay socket drops replies a slow reader's pipe cannot hold, so a
+// reply stream can have holes, or lose its tail, although the engine still
+// buffers every batch. Such a round ends at the first hole and the next
+// asks again from the first missing sequence number, up to
+// Config.ReplayRounds rounds within the one ReplayDeadline.
+func (w *worker) replay(h *holder, from, until uint64) {
+	ctx, cancel := context.WithTimeout(w.p.ctx, w.p.cfg.ReplayDeadline)
+	defer cancel()
 	fresh := h.next == 0 && from == 0
-	// idle bounds the wait for the next message, end the whole replay: a
-	// trickling endpoint never lets idle run out.
-	end := time.Now().Add(w.s.cfg.ReplayDeadline)
-	idle := time.Now().Add(w.s.cfg.ReplayTimeout)
-	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
-	for {
-		left := min(time.Until(idle), time.Until(end))
-		if left <= 0 {
-			w.s.c.replayTimeouts.Add(1)
-			if time.Now().Before(end) {
-				w.replayFailed(h, endpoint, fmt.Errorf("no reply message for %v", w.s.cfg.ReplayTimeout))
-			} else {
-				w.replayFailed(h, endpoint, fmt.Errorf("not complete after %v", w.s.cfg.ReplayDeadline))
-			}
+	for round := 1; ; round++ {
+		applied, why := w.replayRound(ctx, h, from, until, fresh)
+		if round > 1 {
+			w.p.c[cReplayRecovered].Add(applied)
+		}
+		if why == "" {
 			return
 		}
-		polled, err := poller.Poll(left)
-		if err != nil {
-			w.replayFailed(h, endpoint, err)
+		if applied > 0 {
+			fresh = false
+		}
+		if round >= w.p.cfg.ReplayRounds {
+			w.p.limited.logf(slog.LevelWarn, "events: replay still lost replies after the last round", h.id.Pod,
+				"rank", h.id.Rank, "seq", h.next, "rounds", round, "why", why)
 			return
 		}
-		if len(polled) == 0 {
-			continue
-		}
-		frames, err := sock.RecvMessageBytes(0)
-		if err != nil {
-			w.replayFailed(h, endpoint, err)
-			return
-		}
-		idle = time.Now().Add(w.s.cfg.ReplayTimeout)
-		// v26: [empty, topic, seq, payload]; v25: [empty, seq, payload].
-		if (len(frames) != 3 && len(frames) != 4) || len(frames[0]) != 0 || len(frames[len(frames)-2]) != 8 {
-			w.replayFailed(h, endpoint, fmt.Errorf("bad reply framing (%d frames)", len(frames)))
-			return
-		}
-		seqb := frames[len(frames)-2]
-		seq := binary.BigEndian.Uint64(seqb)
-		if seq == ^uint64(0) {
-			w.replayAnswered(h)
-			return
-		}
+		w.p.c[cReplayRounds].Add(1)
+		w.p.limited.logf(slog.LevelInfo, "events: replay replies lost in transit, asking again from the first missing batch",
+			h.id.Pod, "rank", h.id.Rank, "seq", h.next, "round", round+1, "why", why)
+		from = h.next
+	}
+}
+
+// replayRound sends one replay request for the batches from seq from on
+// and applies the replies, as replay describes. It returns how many batches
+// it applied and, when the replies had holes or a lost tail that the engine
+// still buffers, why; "" when the replay is over, answered or failed.
+func (w *worker) replayRound(ctx context.Context, h *holder, from, until uint64, fresh bool) (applied uint64, why string) {
+	answered := false
+	received := 0
+	err := h.replay.Replay(ctx, h.id, from, func(seq uint64, payload []byte) bool {
+		first := received == 0
+		received++
 		if seq < h.next {
-			continue
+			return true
 		}
-		if err := w.rdec.Decode(frames[len(frames)-1], &w.rbatch); err != nil {
+		if err := w.rdec.Decode(payload, &w.rbatch); err != nil {
 			w.decodeError(h.id.Pod, seq, err)
-			continue
+			return true
 		}
-		if w.rbatch.DPRank != h.id.Rank {
-			continue
+		if w.rbatch.DPRank.Or(0) != h.id.Rank {
+			return true
+		}
+		if seq > h.next && !first && !fresh {
+			// The engine buffers its batches without holes, and it had
+			// this round's first: the batches between were lost in
+			// transit.
+			why = fmt.Sprintf("replies %d to %d missing", h.next, seq-1)
+			return false
 		}
 		if seq >= until {
 			// Past the target without reaching it: the endpoint no longer
@@ -419,56 +558,86 @@ func (w *worker) replay(h *holder, endpoint string, from, until uint64) {
 			if h.next < until && !fresh {
 				w.unrecovered(h, h.next, until-1, "range no longer in the replay buffer")
 			}
-			w.replayAnswered(h)
-			return
+			answered = true
+			return false
 		}
 		if seq > h.next && !fresh {
 			w.unrecovered(h, h.next, seq-1, "range no longer in the replay buffer")
 		}
 		fresh = false
-		w.s.c.replayed.Add(1)
+		w.p.c[cReplayed].Add(1)
+		applied++
 		w.apply(h, &w.rbatch, seq)
 		if h.next >= until {
-			w.replayAnswered(h)
-			return
+			answered = true
+			return false
 		}
+		return true
+	})
+	switch {
+	case why != "":
+		return applied, why
+	case err == nil && until != noTarget && h.next < until && received > 0:
+		// The end marker came, but the engine published up to until and
+		// had the range from the first reply on: the rest was dropped.
+		return applied, "end marker before the missing range was covered"
+	case err == nil:
+		w.replayAnswered(h)
+	case answered:
+		// fn ended the replay and the transport failed closing it.
+		w.replayAnswered(h)
+	case errors.Is(err, context.DeadlineExceeded) && w.p.ctx.Err() == nil:
+		w.p.c[cReplayTimeouts].Add(1)
+		w.replayFailed(h, fmt.Errorf("not complete after %v: %w", w.p.cfg.ReplayDeadline, err))
+	case errors.Is(err, ErrReplayTimeout) && received > 0 && ctx.Err() == nil:
+		// Replies came, then stopped short of the end marker: the tail
+		// was dropped in transit.
+		return applied, "reply stream stopped before its end marker"
+	case errors.Is(err, ErrReplayTimeout):
+		w.p.c[cReplayTimeouts].Add(1)
+		w.replayFailed(h, err)
+	default:
+		w.replayFailed(h, err)
 	}
+	return applied, ""
 }
 
 func (w *worker) replayAnswered(h *holder) {
-	w.s.c.replays.Add(1)
-	h.replays.Add(1)
+	w.p.c[cReplays].Add(1)
+	h.c[cReplays].Add(1)
 }
 
 // replayBackoff is how long a holder whose replay failed goes without
-// trying again: a dead replay endpoint must not stall its worker on every
-// gap.
+// trying again: a dead replay endpoint must not stall its pod on every gap.
 const replayBackoff = 30 * time.Second
 
-func (w *worker) replayFailed(h *holder, endpoint string, err error) {
+func (w *worker) replayFailed(h *holder, err error) {
 	h.replayAfter = time.Now().Add(replayBackoff)
-	w.s.c.replayErrors.Add(1)
-	w.s.limited.logf(slog.LevelWarn, "events: replay failed", h.id.Pod, "rank", h.id.Rank, "endpoint", endpoint, "err", err)
+	w.p.c[cReplayErrors].Add(1)
+	w.p.limited.logf(slog.LevelWarn, "events: replay failed", h.id.Pod, "rank", h.id.Rank, "err", err)
 }
 
 // apply applies one batch of h with sequence number seq to the sink.
 func (w *worker) apply(h *holder, b *Batch, seq uint64) {
-	sink := w.s.cfg.Sink
+	sink := w.p.cfg.Sink
 	var blocks uint64
 	for i := range b.Events {
 		e := &b.Events[i]
 		switch e.Type {
 		case EventBlockStored:
 			blocks += uint64(len(e.BlockHashes))
+			if e.ZeroParent {
+				w.p.c[cZeroParents].Add(1)
+			}
 			// A chunked offload event's block size is not the engine's
 			// hashing block size; the agreement check would blame the
 			// router's settings for it.
 			chunked := w.checkOffloadBlockSize(h, e, seq)
-			if w.s.cfg.Hasher != nil && !chunked {
+			if w.p.cfg.Hasher != nil && !chunked {
 				w.checkAgreement(h, e, seq)
 			}
 			if h.content != nil {
-				w.storeContent(h, e)
+				w.storeContent(h, e, seq)
 				continue
 			}
 			switch {
@@ -478,10 +647,14 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				// neither the parent nor any two keys are known to be
 				// consecutive, and the index must not chain them.
 				for j := range e.BlockHashes {
-					sink.Store(h.model, h.id, e.Medium, e.GroupIdx, 0, false, e.BlockHashes[j:j+1])
+					sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Keys: e.BlockHashes[j : j+1]})
 				}
 			default:
-				sink.Store(h.model, h.id, e.Medium, e.GroupIdx, e.Parent, e.HasParent, e.BlockHashes)
+				var parent index.Parent
+				if p, ok := e.Parent.Get(); ok {
+					parent = index.ParentKey(p)
+				}
+				sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: e.BlockHashes})
 			}
 		case EventBlockRemoved:
 			blocks += uint64(len(e.BlockHashes))
@@ -490,7 +663,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 				keys = w.resolve(h, keys)
 			}
 			if len(keys) > 0 {
-				sink.Remove(h.model, h.id, e.Medium, e.GroupIdx, keys)
+				sink.Remove(h.model, h.id, e.Medium, e.GroupIdx.Or(0), keys)
 			}
 		case EventAllBlocksCleared:
 			// vLLM's prefix-cache reset; every tier is cleared, so that no
@@ -498,19 +671,21 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 			sink.ClearHolder(h.model, h.id, "")
 			h.keepStale = false
 		default:
-			w.s.c.unknown.Add(1)
+			w.p.c[cUnknown].Add(1)
 			continue
 		}
 	}
-	w.s.c.events.Add(uint64(len(b.Events)))
-	w.s.c.blocks.Add(blocks)
-	w.s.c.batches.Add(1)
+	w.p.c[cEvents].Add(uint64(len(b.Events)))
+	w.p.c[cBlocks].Add(blocks)
+	w.p.c[cBatches].Add(1)
 	h.next = seq + 1
 	if seq >= h.resyncSeq {
 		h.resyncing = false
 	}
 	h.lastSeq.Store(seq)
+	h.hasSeq.Store(true)
 	h.setStale()
+	w.p.applied.broadcast()
 }
 
 // request returns the hashing request for tokens, the leading blocks of e,
@@ -519,11 +694,11 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64) {
 // checking the leading blocks of a long event stays cheap.
 func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 	req := hashing.Request{Tokens: tokens}
-	if !e.HasExtraKeys {
+	extra, ok := e.ExtraKeys.Get()
+	if !ok {
 		req.LoRAName = e.LoRAName
 		return req, nil
 	}
-	extra := e.ExtraKeys
 	if e.BlockSize > 0 {
 		extra = extra[:min(len(extra), len(tokens)/e.BlockSize)]
 	}
@@ -562,12 +737,12 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	n := len(e.BlockHashes)
 	// Block size 0 is a token-less offload event (vLLM's newer connector):
 	// nothing to rehash, though its lengths agree.
-	if e.HasParent || n == 0 || e.GroupIdx != 0 || e.BlockSize <= 0 || len(e.TokenIDs) != n*e.BlockSize {
+	if e.Parent.ok || n == 0 || e.GroupIdx.Or(0) != 0 || e.BlockSize <= 0 || len(e.TokenIDs) != n*e.BlockSize {
 		return
 	}
-	w.s.c.hashChecks.Add(1)
-	h.hashChecks.Add(1)
-	cfg := w.s.cfg.Hasher.Config()
+	w.p.c[cHashChecks].Add(1)
+	h.c[cHashChecks].Add(1)
+	cfg := w.p.cfg.Hasher.Config()
 	cause := ""
 	if e.BlockSize != cfg.BlockSize {
 		cause = fmt.Sprintf("block size: the engine uses %d, the router %d", e.BlockSize, cfg.BlockSize)
@@ -580,7 +755,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 			if req.Extra != nil {
 				req.Extra = req.Extra[:n]
 			}
-			w.keys, err = w.s.cfg.Hasher.BlockKeys(w.keys[:0], req)
+			w.keys, err = w.p.cfg.Hasher.BlockKeys(w.keys[:0], req)
 		}
 		switch {
 		case err != nil:
@@ -603,23 +778,30 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	// Without the event's extra keys a multimodal item or cache salt the
 	// router cannot see changes the hash; such a lone mismatch on a holder
 	// that agreed before is not evidence of a settings mismatch.
-	if !e.HasExtraKeys && e.BlockSize == cfg.BlockSize && h.matched {
+	if !e.ExtraKeys.ok && e.BlockSize == cfg.BlockSize && h.matched {
 		return
 	}
-	w.s.c.hashMismatches.Add(1)
-	h.hashMismatches.Add(1)
+	w.p.c[cHashMismatches].Add(1)
+	h.c[cHashMismatches].Add(1)
 	now := time.Now()
-	if now.Sub(h.lastLog) < w.s.cfg.MismatchLogInterval {
+	if now.Sub(h.lastLog) < w.p.cfg.MismatchLogInterval {
 		return
 	}
 	h.lastLog = now
-	w.s.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss. "+
-		"Likely causes: a different --prefix-caching-hash-algo, PYTHONHASHSEED (xxhash algorithms need an explicit seed), "+
-		"block size, or VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES setting than the router's hashing.Config; "+
-		"if the engine's hashes cannot be reproduced, use content-key mode",
+	// Diagnose rehashes with every algorithm and a few seeds; the log
+	// interval bounds how often.
+	diag := cause
+	n = min(len(e.BlockHashes), checkBlocks)
+	if req, err := w.request(e, e.TokenIDs[:n*e.BlockSize]); err == nil {
+		if req.Extra != nil {
+			req.Extra = req.Extra[:n]
+		}
+		diag = hashing.Diagnose(cfg, e.BlockSize, req, e.BlockHashes[:n]).Explain(w.p.cfg.ContentKeysHint)
+	}
+	w.p.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss: "+diag,
 		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
-		"router_algo", string(cfg.Algo), "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
-		"mismatches", h.hashMismatches.Load())
+		"router_algo", string(cfg.Algo), "router_seed", cfg.Seed, "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
+		"mismatches", h.c[cHashMismatches].Load())
 }
 
 // maxTrackedGroups bounds the KV cache groups whose GPU block size a holder
@@ -634,7 +816,7 @@ const maxTrackedGroups = 16
 // its last block's hash, so the index sees every k-th block of the tier.
 // Events with block size 0 cannot be told apart and pass as exact.
 func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
-	g := e.GroupIdx
+	g := e.GroupIdx.Or(0)
 	if e.BlockSize <= 0 || g < 0 || g >= maxTrackedGroups {
 		return false
 	}
@@ -655,10 +837,10 @@ func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
 	if want == 0 || e.BlockSize == want {
 		return false
 	}
-	w.s.c.chunkedOffload.Add(1)
-	n := h.chunkedOffload.Add(1)
+	w.p.c[cChunkedOffload].Add(1)
+	n := h.c[cChunkedOffload].Add(1)
 	now := time.Now()
-	if now.Sub(h.lastChunkLog) < w.s.cfg.MismatchLogInterval {
+	if now.Sub(h.lastChunkLog) < w.p.cfg.MismatchLogInterval {
 		return true
 	}
 	h.lastChunkLog = now
@@ -667,7 +849,7 @@ func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
 	if e.BlockSize%want == 0 {
 		args = append(args, "blocks_per_chunk", e.BlockSize/want)
 	}
-	w.s.log.Warn("events: offload tier stores chunks of several GPU blocks, keyed by each chunk's last block; "+
+	w.p.log.Warn("events: offload tier stores chunks of several GPU blocks, keyed by each chunk's last block; "+
 		"CPU-tier lookups will undercount: configure the offloading connector's block_size equal to the GPU block size",
 		args...)
 	return true
@@ -677,10 +859,10 @@ func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
 // subscriber has no hasher.
 func (w *worker) routerBlockSize() int {
 	switch {
-	case w.s.cfg.Hasher != nil:
-		return w.s.cfg.Hasher.Config().BlockSize
-	case w.s.cfg.ContentKeys != nil:
-		return w.s.cfg.ContentKeys.Config().BlockSize
+	case w.p.cfg.Hasher != nil:
+		return w.p.cfg.Hasher.Config().BlockSize
+	case w.p.cfg.ContentKeys != nil:
+		return w.p.cfg.ContentKeys.Config().BlockSize
 	}
 	return 0
 }

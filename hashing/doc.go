@@ -35,13 +35,19 @@
 // # Seeds
 //
 // Config.Seed is the engine's PYTHONHASHSEED string; the seed's hash is the
-// parent of block 0. An engine without PYTHONHASHSEED uses DefaultSeed for
-// the SHA-256 algorithms but a random seed for the xxhash ones, so New
-// refuses XXHash and XXHashCBOR without an explicit seed (ErrSeedRequired):
-// set PYTHONHASHSEED on such engines and pass the same value here. Engines
+// parent of block 0. PYTHONHASHSEED="" is a seed like any other (vLLM hashes
+// the empty string): express it with Config.SeedSet, since an empty Seed
+// alone means unset. An engine without PYTHONHASHSEED uses DefaultSeed for
+// the SHA-256 algorithms (since vLLM's change of August 2026; older engines
+// use a random per-process seed for every algorithm) but a random seed for
+// the xxhash ones, so New refuses XXHash and XXHashCBOR without a set seed
+// (ErrSeedRequired): set PYTHONHASHSEED on such engines and pass the same
+// value here. Engines
 // share blocks only when algorithm, seed and block size all match, and a
 // mismatch shows up as no hits at all, never as an error; compare a few
-// hashes recomputed from events' token ids to catch it.
+// hashes recomputed from events' token ids to catch it, and Diagnose to
+// find the setting that differs (Diagnosis.Explain says which, or that no
+// vLLM configuration reproduces the keys).
 //
 // # Extra keys
 //

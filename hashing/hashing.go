@@ -75,9 +75,14 @@ var (
 type Config struct {
 	// Algo is the algorithm; "" means SHA256.
 	Algo Algo
-	// Seed is the engine's PYTHONHASHSEED string; "" means DefaultSeed,
-	// except for XXHash and XXHashCBOR, which require it.
+	// Seed is the engine's PYTHONHASHSEED string. It is set when non-empty
+	// or when SeedSet is true. Unset means vLLM's default for an engine
+	// without PYTHONHASHSEED: DefaultSeed, except for XXHash and XXHashCBOR,
+	// which then hash with a random seed and so require a set one.
 	Seed string
+	// SeedSet makes an empty Seed the seed itself: an engine started with
+	// PYTHONHASHSEED="" hashes the empty string, not DefaultSeed.
+	SeedSet bool
 	// BlockSize is the number of tokens per block; 0 means DefaultBlockSize.
 	BlockSize int
 }
@@ -273,19 +278,22 @@ func (h *Hasher) setup(cfg Config) error {
 	default:
 		return fmt.Errorf("%w: %q", ErrUnknownAlgo, cfg.Algo)
 	}
-	if cfg.Seed == "" {
+	if cfg.Seed == "" && !cfg.SeedSet {
 		if cfg.Algo == XXHash || cfg.Algo == XXHashCBOR {
 			return fmt.Errorf("%w: %s", ErrSeedRequired, cfg.Algo)
 		}
 		cfg.Seed = DefaultSeed
 	}
+	// The normal form: a non-empty seed is set by itself.
+	cfg.SeedSet = cfg.Seed == ""
 	h.cfg = cfg
 	h.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
 	h.root = h.hashSeed()
 	return nil
 }
 
-// Config returns the configuration with defaults filled in.
+// Config returns the configuration with defaults filled in: Seed is the
+// seed hashed, and SeedSet is true only for the empty seed.
 func (h *Hasher) Config() Config { return h.ready().cfg }
 
 // Root returns the parent of block 0: vLLM's NONE_HASH, the hash of the seed.

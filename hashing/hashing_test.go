@@ -22,6 +22,9 @@ func TestNewFillsDefaultsAndRejectsBadConfig(t *testing.T) {
 		{name: "cbor keeps default seed", cfg: Config{Algo: SHA256CBOR, BlockSize: 32}, want: Config{Algo: SHA256CBOR, Seed: DefaultSeed, BlockSize: 32}},
 		{name: "content keeps default seed", cfg: Config{Algo: Content}, want: Config{Algo: Content, Seed: DefaultSeed, BlockSize: 16}},
 		{name: "xxhash with seed", cfg: Config{Algo: XXHash, Seed: "7", BlockSize: 1}, want: Config{Algo: XXHash, Seed: "7", BlockSize: 1}},
+		{name: "a non-empty seed needs no SeedSet", cfg: Config{Seed: "7", SeedSet: true}, want: Config{Algo: SHA256, Seed: "7", BlockSize: 16}},
+		{name: "set empty seed stays empty", cfg: Config{SeedSet: true}, want: Config{Algo: SHA256, Seed: "", SeedSet: true, BlockSize: 16}},
+		{name: "xxhash accepts a set empty seed", cfg: Config{Algo: XXHash, SeedSet: true}, want: Config{Algo: XXHash, Seed: "", SeedSet: true, BlockSize: 16}},
 		{name: "xxhash without seed", cfg: Config{Algo: XXHash}, err: ErrSeedRequired},
 		{name: "xxhash_cbor without seed", cfg: Config{Algo: XXHashCBOR}, err: ErrSeedRequired},
 		{name: "unknown algorithm", cfg: Config{Algo: "md5"}, err: ErrUnknownAlgo},
@@ -40,6 +43,36 @@ func TestNewFillsDefaultsAndRejectsBadConfig(t *testing.T) {
 			require.Equal(t, tt.want, h.Config())
 		})
 	}
+}
+
+// The digests below are CPython's: hashlib.sha256 over pickle.dumps(x,
+// protocol=5) and over the CBOR text string "" (0x60), as vLLM's
+// init_none_hash computes NONE_HASH for PYTHONHASHSEED="" and
+// hash_block_tokens chains blocks 1..16 and 17..32 on it.
+func TestEmptySeedHashesTheEmptyStringAsVLLMDoes(t *testing.T) {
+	h, err := New(Config{SeedSet: true})
+	require.NoError(t, err)
+	require.Equal(t, "3279c4b947f331d055c47442171c9ea17712596bd7fe094c31d4a5d432b42d68", h.Root().String())
+	tokens := make([]uint32, 32)
+	for i := range tokens {
+		tokens[i] = uint32(i + 1)
+	}
+	blocks, err := h.Blocks(nil, Request{Tokens: tokens})
+	require.NoError(t, err)
+	require.Len(t, blocks, 2)
+	require.Equal(t, "f2fc3e5a419b0b01356d6038570bcb3e853f2e1d0bc00a43e395e2413d9ea970", blocks[0].Digest.String())
+	require.Equal(t, uint64(16399262387974089072), blocks[0].Key)
+	require.Equal(t, uint64(11753778797769314332), blocks[1].Key)
+
+	cbor, err := New(Config{Algo: SHA256CBOR, SeedSet: true})
+	require.NoError(t, err)
+	require.Equal(t, "8d33f520a3c4cef80d2453aef81b612bfe1cb44c8b2025630ad38662763f13d3", cbor.Root().String())
+
+	var unset Hasher
+	require.NotEqual(t, unset.Root(), h.Root(), "an unset seed is DefaultSeed, not the empty string")
+	explicit, err := New(Config{Seed: DefaultSeed})
+	require.NoError(t, err)
+	require.Equal(t, unset.Root(), explicit.Root())
 }
 
 func TestRequestErrors(t *testing.T) {

@@ -42,7 +42,7 @@ func newBenchFleet() *benchFleet {
 			if j > 0 {
 				parent = keys[j-1]
 			}
-			f.ix.Store("m", h, TierGPU, 0, parent, j > 0, keys[j:min(j+16, len(keys))])
+			f.ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Parent: parentIf(j > 0, parent), Keys: keys[j:min(j+16, len(keys))]})
 		}
 		for _, k := range keys {
 			if !seen[k] {
@@ -123,12 +123,12 @@ func BenchmarkLookupUnderIngest(b *testing.B) {
 				s.keys[j] = k
 				k = chainKey(k, 0)
 			}
-			f.ix.Store("m", s.h, TierGPU, 0, 0, false, s.keys)
+			f.ix.Store(Blocks{Model: "m", Holder: s.h, Tier: TierGPU, Keys: s.keys})
 			// Engines evict and re-store prompt tails too.
 			i := 2 * rng.IntN(len(f.holders)/2)
 			tail := f.prompt[benchPromptBlocks-64:]
 			f.ix.Remove("m", f.holders[i], TierGPU, 0, tail)
-			f.ix.Store("m", f.holders[i], TierCPU, 0, f.prompt[benchPromptBlocks-65], true, tail)
+			f.ix.Store(Blocks{Model: "m", Holder: f.holders[i], Tier: TierCPU, Parent: ParentKey(f.prompt[benchPromptBlocks-65]), Keys: tail})
 			writes.Add(4 * 64)
 		}
 	})
@@ -264,7 +264,7 @@ func BenchmarkAdd(b *testing.B) {
 				if l.off > 0 {
 					parent = l.cur[l.off-1]
 				}
-				ix.Store("m", l.h, TierGPU, 0, parent, l.off > 0, l.cur[l.off:l.off+batch])
+				ix.Store(Blocks{Model: "m", Holder: l.h, Tier: TierGPU, Parent: parentIf(l.off > 0, parent), Keys: l.cur[l.off : l.off+batch]})
 				l.off += batch
 				l.blocks += batch
 				stored += batch
@@ -326,7 +326,7 @@ func BenchmarkMemory(b *testing.B) {
 					if rng.IntN(4) == 0 {
 						tier = TierCPU
 					}
-					ix.Store("m", h, tier, 0, 0, false, keys)
+					ix.Store(Blocks{Model: "m", Holder: h, Tier: tier, Keys: keys})
 					n += len(keys)
 					if steady {
 						fifo = append(fifo, stored{h, tier, keys})

@@ -11,10 +11,10 @@ func TestHolderListAndModelsNameEveryModelHolderPairSortedIncludingLoadedOnes(t 
 	ix := New(Config{})
 	require.Empty(t, ix.HolderList())
 	a, b1, b0 := Holder{Pod: "a:1"}, Holder{Pod: "b:1", Rank: 1}, Holder{Pod: "b:1"}
-	ix.Store("m2", a, TierCPU, 0, 0, false, []uint64{1})
-	ix.Store("m1", b1, TierGPU, 0, 0, false, []uint64{1, 2})
-	ix.Store("m1", b0, TierGPU, 0, 0, false, []uint64{3})
-	ix.Store("m1", a, TierGPU, 0, 0, false, []uint64{4})
+	ix.Store(Blocks{Model: "m2", Holder: a, Tier: TierCPU, Keys: []uint64{1}})
+	ix.Store(Blocks{Model: "m1", Holder: b1, Tier: TierGPU, Keys: []uint64{1, 2}})
+	ix.Store(Blocks{Model: "m1", Holder: b0, Tier: TierGPU, Keys: []uint64{3}})
+	ix.Store(Blocks{Model: "m1", Holder: a, Tier: TierGPU, Keys: []uint64{4}})
 	want := []HolderModel{{"m1", a}, {"m1", b0}, {"m1", b1}, {"m2", a}}
 	require.Equal(t, want, ix.HolderList())
 	require.Equal(t, []string{"m1", "m2"}, ix.Models(nil))

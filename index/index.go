@@ -165,13 +165,40 @@ func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 	}
 }
 
-// Store records that h holds keys in tier for KV cache group. keys are
-// consecutive blocks of one chain; when hasParent is set, parent is the
-// block before keys[0], otherwise keys[0] starts a chain or its parent is
-// unknown. Blocks that are not consecutive (a hybrid model's group that
-// skips blocks) must be stored one at a time without a parent, or lookups
-// may count blocks in between as held. Storing a holding twice is harmless.
-func (ix *Index) Store(model string, h Holder, tier string, group int, parent uint64, hasParent bool, keys []uint64) {
+// Blocks is what one Store records: consecutive blocks of one chain that a
+// holder holds in a tier for a KV cache group.
+type Blocks struct {
+	Model  string
+	Holder Holder
+	Tier   string
+	Group  int
+	// Parent is the key of the block before Keys[0] (ParentKey); the zero
+	// Parent when Keys[0] starts a chain or its parent is unknown.
+	Parent Parent
+	// Keys are the blocks' keys in chain order. Blocks that are not
+	// consecutive (a hybrid model's group that skips blocks) must be stored
+	// one at a time without a parent, or lookups may count blocks in
+	// between as held.
+	Keys []uint64
+}
+
+// Parent is an optional parent key; the zero Parent is none. A value, not
+// a pointer, so that passing one allocates nothing.
+type Parent struct {
+	key uint64
+	ok  bool
+}
+
+// ParentKey is the Parent of a chain that continues from block key k.
+func ParentKey(k uint64) Parent { return Parent{key: k, ok: true} }
+
+// Key returns the parent's key, and false for none.
+func (p Parent) Key() (uint64, bool) { return p.key, p.ok }
+
+// Store records that b.Holder holds b.Keys. Store does not keep b.Keys.
+// Storing a holding twice is harmless.
+func (ix *Index) Store(b Blocks) {
+	model, h, tier, group, keys := b.Model, b.Holder, b.Tier, b.Group, b.Keys
 	if len(keys) == 0 {
 		return
 	}
@@ -193,7 +220,7 @@ func (ix *Index) Store(model string, h Holder, tier string, group int, parent ui
 		t = hs.rehash(ti, len(keys)+1)
 	}
 	prev := -1
-	if hasParent {
+	if parent, ok := b.Parent.Key(); ok {
 		if prev = t.find(parent); prev < 0 {
 			prev = t.insert(parent, 0)
 		}

@@ -38,11 +38,11 @@ func TestLookupScenarios(t *testing.T) {
 			if from > 0 {
 				parent = p[from-1]
 			}
-			ix.Store("m", h, tier, group, parent, from > 0, p[from:to])
+			ix.Store(Blocks{Model: "m", Holder: h, Tier: tier, Group: group, Parent: parentIf(from > 0, parent), Keys: p[from:to]})
 		}
 	}
 	storeLoose := func(h Holder, tier string, from, to int) step {
-		return func(ix *Index) { ix.Store("m", h, tier, 0, 0, false, p[from:to]) }
+		return func(ix *Index) { ix.Store(Blocks{Model: "m", Holder: h, Tier: tier, Keys: p[from:to]}) }
 	}
 	remove := func(h Holder, tier string, group int, idx ...int) step {
 		return func(ix *Index) {
@@ -144,9 +144,9 @@ func TestLookupScenarios(t *testing.T) {
 func TestRunCountsFromStartInChosenTiers(t *testing.T) {
 	p := chain(5, 12)
 	ix := New(Config{})
-	ix.Store("m", podA, TierGPU, 0, 0, false, p[:3])
-	ix.Store("m", podA, TierCPU, 0, 0, false, p[:8])
-	ix.Store("m", podA, "disk", 0, p[7], true, p[8:10])
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: p[:3]})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierCPU, Keys: p[:8]})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: "disk", Parent: ParentKey(p[7]), Keys: p[8:10]})
 	cases := []struct {
 		start int
 		tiers []string
@@ -180,7 +180,7 @@ func TestHoldersHasNoCapPerBlock(t *testing.T) {
 		if i%2 == 1 {
 			tier = TierCPU
 		}
-		ix.Store("m", h, tier, 0, 0, false, p)
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: tier, Keys: p})
 		want = append(want, h)
 	}
 	require.ElementsMatch(t, want, ix.Holders("m", p[1], nil))
@@ -193,7 +193,7 @@ func TestHoldersHasNoCapPerBlock(t *testing.T) {
 func TestKeyZeroIsAKey(t *testing.T) {
 	ix := New(Config{})
 	keys := []uint64{0, chainKey(0, 0)}
-	ix.Store("m", podA, TierGPU, 0, 0, false, keys)
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: keys})
 	var res Result
 	ix.Lookup("m", keys, &res)
 	require.Equal(t, 2, res.Holder(podA).Prefix)
@@ -204,7 +204,7 @@ func TestKeyZeroIsAKey(t *testing.T) {
 
 func TestStoreWithoutTierIsRejectedAndCounted(t *testing.T) {
 	ix := New(Config{})
-	ix.Store("m", podA, "", 0, 0, false, chain(1, 4))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: "", Keys: chain(1, 4)})
 	s := ix.Stats()
 	require.Equal(t, uint64(4), s.RejectedTier)
 	require.Zero(t, s.HolderBlocks)
@@ -215,8 +215,8 @@ func TestHolderCapacityEvictsOldestFirst(t *testing.T) {
 	ix := New(Config{HolderCapacity: 10})
 	old := chain(1, 6)
 	mid := chain(2, 6)
-	ix.Store("m", podA, TierGPU, 0, 0, false, old)
-	ix.Store("m", podA, TierGPU, 0, 0, false, mid)
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: old})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: mid})
 	require.Equal(t, map[string]int{TierGPU: 10}, ix.HolderBlocks("m", podA))
 	var res Result
 	ix.Lookup("m", old, &res)
@@ -226,16 +226,16 @@ func TestHolderCapacityEvictsOldestFirst(t *testing.T) {
 	require.Equal(t, uint64(2), ix.Stats().EvictedCapacity)
 
 	ix.SetHolderCapacity(podA, 3)
-	ix.Store("m", podA, TierGPU, 0, 0, false, chain(3, 1))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(3, 1)})
 	require.Equal(t, map[string]int{TierGPU: 3}, ix.HolderBlocks("m", podA))
 	require.Equal(t, uint64(10), ix.Stats().EvictedCapacity)
 }
 
 func TestBudgetEvictsFromLargestHolder(t *testing.T) {
 	ix := New(Config{MaxHolderBlocks: 1000})
-	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 900))
-	ix.Store("m", podB, TierGPU, 0, 0, false, chain(2, 50))
-	ix.Store("m", podB, TierGPU, 0, 0, false, chain(3, 100))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(1, 900)})
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierGPU, Keys: chain(2, 50)})
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierGPU, Keys: chain(3, 100)})
 	s := ix.Stats()
 	require.LessOrEqual(t, s.HolderBlocks, int64(1000))
 	require.Positive(t, s.EvictedBudget)
@@ -250,8 +250,8 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 	ix := New(Config{})
 	p := chain(1, 256)
 	for i := range 16 {
-		ix.Store("m", Holder{Pod: fmt.Sprintf("p%d", i)}, TierGPU, 0, 0, false, p[:16*i+1])
-		ix.Store("m", Holder{Pod: fmt.Sprintf("p%d", i)}, TierCPU, 0, 0, false, p[:8*i+1])
+		ix.Store(Blocks{Model: "m", Holder: Holder{Pod: fmt.Sprintf("p%d", i)}, Tier: TierGPU, Keys: p[:16*i+1]})
+		ix.Store(Blocks{Model: "m", Holder: Holder{Pod: fmt.Sprintf("p%d", i)}, Tier: TierCPU, Keys: p[:8*i+1]})
 	}
 	var res Result
 	ix.Lookup("m", p, &res)
@@ -269,7 +269,7 @@ func TestRemovalsKeepMemoryBounded(t *testing.T) {
 	ix := New(Config{})
 	for i := range 200 {
 		keys := chain(uint64(i), 100)
-		ix.Store("m", podA, TierGPU, 0, 0, false, keys)
+		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: keys})
 		ix.Remove("m", podA, TierGPU, 0, keys)
 	}
 	ms := ix.model("m", false)
@@ -290,7 +290,7 @@ func TestChainsLongerThanDepthsCountAreExact(t *testing.T) {
 		if i > 0 {
 			parent = p[i-1]
 		}
-		ix.Store("m", podA, TierGPU, 0, parent, i > 0, p[i:min(i+4096, len(p))])
+		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Parent: parentIf(i > 0, parent), Keys: p[i:min(i+4096, len(p))]})
 	}
 	var res Result
 	ix.Lookup("m", p, &res)
@@ -308,8 +308,8 @@ func TestEvictionsAreLoggedWithThePod(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ix := New(Config{HolderCapacity: 2, Logger: log})
-	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 5))
-	ix.Store("m", podA, "", 0, 0, false, chain(2, 1))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(1, 5)})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: "", Keys: chain(2, 1)})
 	require.Contains(t, buf.String(), "over capacity")
 	require.Contains(t, buf.String(), "pod=a:8000")
 	require.Contains(t, buf.String(), "without tier")
@@ -325,7 +325,7 @@ func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
 	for i := range prompts {
 		c := chainKey(root, i)
 		prompts[i] = []uint64{root, c, chainKey(c, 0)}
-		ix.Store("m", podA, TierGPU, 0, 0, false, prompts[i])
+		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: prompts[i]})
 	}
 	gapCount := func() int32 {
 		ms := ix.model("m", false)
@@ -339,7 +339,7 @@ func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
 	require.Empty(t, res.Hits)
 	require.Equal(t, 2, ix.Run("m", podA, prompts[5], 1, nil))
 
-	ix.Store("m", podA, TierGPU, 0, 0, false, []uint64{root})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: []uint64{root}})
 	require.Zero(t, gapCount())
 	ix.Lookup("m", prompts[299], &res)
 	require.Equal(t, 3, res.Holder(podA).Prefix)
@@ -364,7 +364,7 @@ func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
 func TestRemovingAChainParentFirstOpensNoGap(t *testing.T) {
 	ix := New(Config{})
 	p := chain(1, 64)
-	ix.Store("m", podA, TierGPU, 0, 0, false, p)
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: p})
 	ms := ix.model("m", false)
 	hs, _ := ms.holders.Load(podA)
 	tab := hs.tierList()[0].tab.Load()
@@ -380,16 +380,16 @@ func TestStoreInTooManyTiersIsRejectedAndCounted(t *testing.T) {
 	ix := New(Config{})
 	keys := chain(1, 2)
 	for i := range maxTiers {
-		ix.Store("m", podA, fmt.Sprintf("tier-%d", i), 0, 0, false, keys)
+		ix.Store(Blocks{Model: "m", Holder: podA, Tier: fmt.Sprintf("tier-%d", i), Keys: keys})
 	}
-	ix.Store("m", podA, "one-too-many", 0, 0, false, keys)
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: "one-too-many", Keys: keys})
 	s := ix.Stats()
 	require.Equal(t, uint64(2), s.RejectedTier)
 	require.Equal(t, int64(2*maxTiers), s.HolderBlocks)
 	require.NotContains(t, ix.HolderBlocks("m", podA), "one-too-many")
 	require.Equal(t, 1, ix.Run("m", podA, keys, 1, []string{"tier-254"}))
 	require.Zero(t, ix.Run("m", podA, keys, 0, []string{"one-too-many"}))
-	ix.Store("m", podB, "one-too-many", 0, 0, false, keys)
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: "one-too-many", Keys: keys})
 	require.Equal(t, 2, ix.Run("m", podB, keys, 0, []string{"one-too-many"}), "the limit is per holder")
 }
 
@@ -400,9 +400,9 @@ func TestEvictionQueueCompactionKeepsEveryHoldingEvictable(t *testing.T) {
 	ix := New(Config{})
 	ref := newBrute()
 	p := chain(1, 3000)
-	ix.Store("m", podA, TierGPU, 0, 0, false, p)
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: p})
 	ref.store("m", podA, TierGPU, 0, p)
-	ix.Store("m", podA, TierCPU, 0, 0, false, p[:100])
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierCPU, Keys: p[:100]})
 	ref.store("m", podA, TierCPU, 0, p[:100])
 	hs, _ := ix.model("m", false).holders.Load(podA)
 	longest := 0
@@ -410,7 +410,7 @@ func TestEvictionQueueCompactionKeepsEveryHoldingEvictable(t *testing.T) {
 		k := p[i*7%len(p):][:1]
 		ix.Remove("m", podA, TierGPU, 0, k)
 		ref.remove("m", podA, TierGPU, 0, k)
-		ix.Store("m", podA, TierGPU, 0, 0, false, k)
+		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: k})
 		ref.store("m", podA, TierGPU, 0, k)
 		longest = max(longest, len(hs.fifoSlot)-hs.head)
 		if i%1000 == 0 {
@@ -421,7 +421,7 @@ func TestEvictionQueueCompactionKeepsEveryHoldingEvictable(t *testing.T) {
 	require.Equal(t, ref.blocks("m", podA), ix.HolderBlocks("m", podA))
 
 	ix.SetHolderCapacity(podA, 500)
-	ix.Store("m", podA, TierCPU, 0, 0, false, chain(9, 1))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierCPU, Keys: chain(9, 1)})
 	checkInvariants(t, ix, -1)
 	s := ix.Stats()
 	require.Equal(t, int64(500), s.HolderBlocks)
@@ -439,10 +439,18 @@ func TestCapacitySetWhileHolderIsCreatedApplies(t *testing.T) {
 	for i := range 3000 {
 		h := Holder{Pod: fmt.Sprint(i)}
 		var wg sync.WaitGroup
-		wg.Go(func() { ix.Store("m", h, TierGPU, 0, 0, false, keys[:1]) })
+		wg.Go(func() { ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: keys[:1]}) })
 		wg.Go(func() { ix.SetHolderCapacity(h, 2) })
 		wg.Wait()
-		ix.Store("m", h, TierGPU, 0, 0, false, keys)
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: keys})
 		require.Equal(t, 2, ix.HolderBlocks("m", h)[TierGPU], "holder %d", i)
 	}
+}
+
+// parentIf is Blocks.Parent for a chain that continues from p when ok.
+func parentIf(ok bool, p uint64) Parent {
+	if !ok {
+		return Parent{}
+	}
+	return ParentKey(p)
 }

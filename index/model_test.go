@@ -291,7 +291,7 @@ func (w *workload) mutate(ix *Index) {
 		if a > 0 {
 			parent = p[a-1]
 		}
-		ix.Store(model, h, tier, group, parent, hasParent, seg)
+		ix.Store(Blocks{Model: model, Holder: h, Tier: tier, Group: group, Parent: parentIf(hasParent, parent), Keys: seg})
 		ref.store(model, h, tier, group, seg)
 	case r < 65 || pc.engineLike && r < 80: // evicting a tail, as engines do
 		a := rng.IntN(len(p))

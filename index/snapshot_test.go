@@ -51,8 +51,8 @@ func TestSnapshotRoundTripAnswersAsBefore(t *testing.T) {
 func TestSnapshotKeepsEvictionOrder(t *testing.T) {
 	ix := New(Config{})
 	old, mid := chain(1, 6), chain(2, 6)
-	ix.Store("m", podA, TierGPU, 0, 0, false, old)
-	ix.Store("m", podA, TierCPU, 0, 0, false, mid)
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: old})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierCPU, Keys: mid})
 	path := filepath.Join(t.TempDir(), "s")
 	require.NoError(t, ix.SaveFile(path, nil))
 	loaded, seqs, err := LoadFile(path, Config{HolderCapacity: 8})
@@ -68,9 +68,9 @@ func TestSnapshotReplacesFileAtomically(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "s")
 	ix := New(Config{})
-	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 3))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(1, 3)})
 	require.NoError(t, ix.SaveFile(path, nil))
-	ix.Store("m", podB, TierGPU, 0, 0, false, chain(1, 3))
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierGPU, Keys: chain(1, 3)})
 	require.NoError(t, ix.SaveFile(path, map[Holder]uint64{podB: 4}))
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
@@ -88,9 +88,9 @@ func TestSnapshotReplacesFileAtomically(t *testing.T) {
 
 func TestSnapshotRejectsDamagedFiles(t *testing.T) {
 	ix := New(Config{})
-	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 5))
-	ix.Store("m", podA, TierCPU, 9, chain(1, 5)[4], true, chain(chainKey(chain(1, 5)[4], 0), 3))
-	ix.Store("m2", podB, "disk", 1, 0, false, chain(2, 4))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(1, 5)})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierCPU, Group: 9, Parent: ParentKey(chain(1, 5)[4]), Keys: chain(chainKey(chain(1, 5)[4], 0), 3)})
+	ix.Store(Blocks{Model: "m2", Holder: podB, Tier: "disk", Group: 1, Keys: chain(2, 4)})
 	path := filepath.Join(t.TempDir(), "s")
 	require.NoError(t, ix.SaveFile(path, map[Holder]uint64{podA: 3}))
 	good, err := os.ReadFile(path)
@@ -149,7 +149,7 @@ func TestSnapshotRejectsDamagedFiles(t *testing.T) {
 
 func TestSnapshotStructuralErrorsAreBadSnapshots(t *testing.T) {
 	ix := New(Config{})
-	ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 3))
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(1, 3)})
 	path := filepath.Join(t.TempDir(), "s")
 	require.NoError(t, ix.SaveFile(path, nil))
 	good, err := os.ReadFile(path)

@@ -29,7 +29,7 @@ func TestConcurrentIngestAndLookups(t *testing.T) {
 	for i := range hs {
 		hs[i] = Holder{Pod: fmt.Sprintf("pod-%d", i%3), Rank: i / 3}
 		stable[i] = chain(uint64(1_000_000+i), 300)
-		ix.Store("m", hs[i], TierGPU, 0, 0, false, stable[i])
+		ix.Store(Blocks{Model: "m", Holder: hs[i], Tier: TierGPU, Keys: stable[i]})
 	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -52,7 +52,7 @@ func TestConcurrentIngestAndLookups(t *testing.T) {
 					if a > 0 {
 						parent = p[a-1]
 					}
-					ix.Store("m", h, tier, 0, parent, a > 0, p[a:])
+					ix.Store(Blocks{Model: "m", Holder: h, Tier: tier, Parent: parentIf(a > 0, parent), Keys: p[a:]})
 					ref.store("m", h, tier, 0, p[a:])
 				case r < 97:
 					ks := scattered(rng, p, 2)
@@ -132,16 +132,16 @@ func TestConcurrentLookupsSeeOnlyRealPrefixes(t *testing.T) {
 	p := chain(42, 512)
 	toggles := []int{37, 100, 101, 200, 300, 450}
 	ends := append(slices.Clone(toggles), len(p))
-	ix.Store("m", podA, TierGPU, 0, 0, false, p)
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: p})
 	// z is never held; its children come and go, so it is a gap that
 	// opens while lookups that listed the gaps before search past it.
 	q, z := chain(43, 64), 40
-	ix.Store("m", podA, TierGPU, 0, 0, false, q[:z])
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: q[:z]})
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for !stop.Load() {
-			ix.Store("m", podA, TierGPU, 0, q[z], true, q[z+1:])
+			ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Parent: ParentKey(q[z]), Keys: q[z+1:]})
 			ix.Remove("m", podA, TierGPU, 0, q[z+1:])
 		}
 	})
@@ -153,11 +153,11 @@ func TestConcurrentLookupsSeeOnlyRealPrefixes(t *testing.T) {
 			ix.Remove("m", podA, TierGPU, 0, p[i:i+1])
 			other := u.path(1 + rng.IntN(100))
 			if rng.IntN(2) == 0 {
-				ix.Store("m", podA, TierGPU, 0, 0, false, other)
+				ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: other})
 			} else {
 				ix.Remove("m", podA, TierGPU, 0, scattered(rng, other, 2))
 			}
-			ix.Store("m", podA, TierGPU, 0, p[i-1], rng.IntN(2) == 0, p[i:i+1])
+			ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Parent: parentIf(rng.IntN(2) == 0, p[i-1]), Keys: p[i : i+1]})
 		}
 	})
 	var lookups atomic.Int64
@@ -210,13 +210,13 @@ func TestOpeningAGapMakesRacingSearchesRetry(t *testing.T) {
 		{"children stored under an unheld block", func(ix *Index) {
 			// q[z] was held and its chain is known, so its children get
 			// depths that reach past it.
-			ix.Store("m", podA, TierGPU, 0, 0, false, q[:z+1])
+			ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: q[:z+1]})
 			ix.Remove("m", podA, TierGPU, 0, q[z:z+1])
 		}, func(ix *Index) {
-			ix.Store("m", podA, TierGPU, 0, q[z], true, q[z+1:])
+			ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Parent: ParentKey(q[z]), Keys: q[z+1:]})
 		}},
 		{"a held block removed under held children", func(ix *Index) {
-			ix.Store("m", podA, TierGPU, 0, 0, false, q)
+			ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: q})
 		}, func(ix *Index) {
 			ix.Remove("m", podA, TierGPU, 0, q[z:z+1])
 		}},
@@ -225,7 +225,7 @@ func TestOpeningAGapMakesRacingSearchesRetry(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := New(Config{})
 			// Room for everything below, so that the table is not rebuilt.
-			ix.Store("m", podA, TierGPU, 0, 0, false, chain(1, 1000))
+			ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(1, 1000)})
 			tc.setup(ix)
 			ts := ix.model("m", false).list.Load()
 			tab := (*ts)[0].tierList()[0].tab.Load()

@@ -21,8 +21,8 @@ func ExamplePicker_Pick() {
 	idx := index.New(index.Config{})
 	chosen := index.Holder{Pod: "10.0.0.1:8000"}
 	peer := index.Holder{Pod: "10.0.0.2:8000"}
-	idx.Store("llama", chosen, index.TierGPU, 0, 0, false, keys[:2])
-	idx.Store("llama", peer, index.TierCPU, 0, 0, false, keys[:8])
+	idx.Store(index.Blocks{Model: "llama", Holder: chosen, Tier: index.TierGPU, Keys: keys[:2]})
+	idx.Store(index.Blocks{Model: "llama", Holder: peer, Tier: index.TierCPU, Keys: keys[:8]})
 
 	p, _ := picker.New(picker.Config{Index: idx, Hasher: h, MinCachedTokenDelta: 64})
 	d, _ := p.Pick(picker.Request{ID: "req-42", Model: "llama", Prompt: prompt, Destination: chosen})
@@ -52,8 +52,8 @@ func ExampleDecision_TransferKeys() {
 	idx := index.New(index.Config{})
 	chosen := index.Holder{Pod: "10.0.0.1:8000"}
 	peer := index.Holder{Pod: "10.0.0.2:8000"}
-	idx.Store("llama", chosen, index.TierGPU, 0, 0, false, keys[:4])
-	idx.Store("llama", peer, index.TierCPU, 0, 0, false, keys)
+	idx.Store(index.Blocks{Model: "llama", Holder: chosen, Tier: index.TierGPU, Keys: keys[:4]})
+	idx.Store(index.Blocks{Model: "llama", Holder: peer, Tier: index.TierCPU, Keys: keys})
 
 	// The peer's offload tier, simulated.
 	net := fake.New(fake.Config{})

@@ -26,7 +26,7 @@ func toIndex(b *bruteIndex, keys []uint64) *index.Index {
 						if i > 0 {
 							parent = keys[i-1]
 						}
-						ix.Store(m, h, tier, 0, parent, i > 0, keys[i:i+1])
+						ix.Store(index.Blocks{Model: m, Holder: h, Tier: tier, Parent: parentIf(i > 0, parent), Keys: keys[i : i+1]})
 					}
 				}
 			}
@@ -107,7 +107,7 @@ func benchFleet(tb testing.TB, tokens, holders int) (*Picker, Request) {
 	require.NoError(tb, err)
 	ix := index.New(index.Config{MaxHolderBlocks: -1})
 	n := len(keys)
-	ix.Store(model, dst, index.TierGPU, 0, 0, false, keys[:n/4])
+	ix.Store(index.Blocks{Model: model, Holder: dst, Tier: index.TierGPU, Keys: keys[:n/4]})
 	var cands []Candidate
 	for i := 1; i < holders; i++ {
 		peer := index.Holder{Pod: fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256)}
@@ -115,8 +115,8 @@ func benchFleet(tb testing.TB, tokens, holders int) (*Picker, Request) {
 		if i%4 != 0 {
 			cpu = n * (holders - i) / holders
 		}
-		ix.Store(model, peer, index.TierCPU, 0, 0, false, keys[:cpu])
-		ix.Store(model, peer, index.TierGPU, 0, 0, false, keys[:cpu/2])
+		ix.Store(index.Blocks{Model: model, Holder: peer, Tier: index.TierCPU, Keys: keys[:cpu]})
+		ix.Store(index.Blocks{Model: model, Holder: peer, Tier: index.TierGPU, Keys: keys[:cpu/2]})
 		cands = append(cands, Candidate{Holder: peer, Waiting: i % 5})
 	}
 	p, err := New(Config{Index: ix, Hasher: h})
@@ -214,4 +214,12 @@ func BenchmarkScore(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/score")
+}
+
+// parentIf is index.Blocks.Parent for a chain that continues from p when ok.
+func parentIf(ok bool, p uint64) index.Parent {
+	if !ok {
+		return index.Parent{}
+	}
+	return index.ParentKey(p)
 }

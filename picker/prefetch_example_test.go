@@ -20,7 +20,7 @@ func ExamplePrefetcher_Prefetch() {
 	idx := index.New(index.Config{})
 	last := index.Holder{Pod: "10.0.0.2:8000"}
 	next := index.Holder{Pod: "10.0.0.1:8000"}
-	idx.Store("llama", last, index.TierCPU, 0, 0, false, keys)
+	idx.Store(index.Blocks{Model: "llama", Holder: last, Tier: index.TierCPU, Keys: keys})
 
 	p, _ := picker.New(picker.Config{Index: idx, Hasher: h})
 	pf := picker.NewPrefetcher(p, picker.PrefetchConfig{})

@@ -27,8 +27,10 @@ prefix cache does.
 
   --algo        sha256 (default), sha256_cbor, xxhash, xxhash_cbor,
                 sha256_cbor_64bit, or content (kvsource's own keys)
-  --seed        the engines' PYTHONHASHSEED (default "vllm-none-hash";
-                required for xxhash and xxhash_cbor)
+  --seed        the engines' PYTHONHASHSEED (default: unset, which vLLM
+                hashes as "vllm-none-hash"; required for xxhash and
+                xxhash_cbor); --seed '' is PYTHONHASHSEED="", the empty
+                string hashed as such
   --block-size  tokens per block (default 16)
   --lora-name   the request's LoRA adapter name
   --cache-salt  the request's cache_salt
@@ -93,7 +95,8 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("hash", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	algo := fs.String("algo", string(hashing.SHA256), "")
-	seed := fs.String("seed", "", "")
+	var seed seedFlag
+	fs.Var(&seed, "seed", "")
 	blockSize := fs.Int("block-size", hashing.DefaultBlockSize, "")
 	lora := fs.String("lora-name", "", "")
 	salt := fs.String("cache-salt", "", "")
@@ -116,7 +119,7 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *blockSize < 1 {
 		return fail(2, "--block-size %d: must be at least 1", *blockSize)
 	}
-	h, err := hashing.New(hashing.Config{Algo: hashing.Algo(*algo), Seed: *seed, BlockSize: *blockSize})
+	h, err := hashing.New(seed.config(*algo, *blockSize))
 	switch {
 	case errors.Is(err, hashing.ErrUnknownAlgo):
 		return fail(2, "unknown --algo %q (want one of %s)", *algo, hashAlgoList())

@@ -90,6 +90,24 @@ func TestHashAcceptsEveryTokenSyntax(t *testing.T) {
 	}
 }
 
+func TestHashEmptySeedIsPythonHashSeedEmptyNotTheDefault(t *testing.T) {
+	tokens := "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16"
+	_, unset, _ := runHashWith(nil, tokens)
+	_, deflt, _ := runHashWith([]string{"--seed", "vllm-none-hash"}, tokens)
+	code, empty, stderr := runHashWith([]string{"--seed", ""}, tokens)
+	require.Zero(t, code, stderr)
+	require.Equal(t, deflt, unset)
+	// CPython: sha256(pickle.dumps((sha256(pickle.dumps("", 5)), (1..16), None), 5)),
+	// last 8 bytes; see hashing's TestEmptySeedHashesTheEmptyStringAsVLLMDoes.
+	require.Equal(t, "16399262387974089072\n", empty)
+
+	code, _, stderr = runHashWith([]string{"--algo", "xxhash"}, tokens)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "needs --seed")
+	code, _, stderr = runHashWith([]string{"--algo", "xxhash", "--seed", ""}, tokens)
+	require.Zero(t, code, stderr, "PYTHONHASHSEED=\"\" is an explicit seed")
+}
+
 func TestHashPrintsNothingForNoFullBlock(t *testing.T) {
 	for _, stdin := range []string{"", "  \n", "[]", "1 2 3"} {
 		code, stdout, stderr := runHashWith(nil, stdin)

@@ -31,7 +31,7 @@ import (
 //	                    "predicted_saving_ms" (with --calibration), ...}
 //	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight
 //	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "gaps", "replays", "decode_errors",
-//	                 "hash_mismatches", "state", "inflight_pulls"}]}
+//	                 "hash_mismatches", "tokenless_events", "state", "inflight_pulls"}]}
 //	GET  /metrics   Prometheus; GET /healthz
 //
 // A candidate without "dp_rank" stands for every rank of its pod. Errors
@@ -48,10 +48,22 @@ func init() {
 	commands["serve"] = command{summary: "run events, index and picker as an HTTP JSON service", run: runServe}
 }
 
-// servePodEndpoint is one --events-connect value.
+// servePodEndpoint is one --events-connect value. Model, when set, is the
+// pod's model whatever its topic says: vLLM's default topic is empty.
 type servePodEndpoint struct {
-	Pod, Endpoint, Replay string
+	Pod, Endpoint, Replay, Model string
 }
+
+// Key modes of --keys.
+const (
+	// serveKeysEngine indexes the engines' own block keys, which the
+	// service must reproduce (--algo, --seed, --block-size).
+	serveKeysEngine = "engine"
+	// serveKeysContent indexes kvsource content keys derived from the
+	// tokens events carry, for engines whose keys no router reproduces
+	// (llm-d's simulator, a random seed).
+	serveKeysContent = "content"
+)
 
 // serveConfig is everything kvsource serve is configured with.
 type serveConfig struct {
@@ -60,7 +72,9 @@ type serveConfig struct {
 	EventsReplay        []servePodEndpoint
 	HTTP                string
 	Algo                string
+	Keys                string // serveKeysEngine or serveKeysContent
 	Seed                string
+	SeedSet             bool // --seed given, perhaps as ''
 	BlockSize           int
 	MinCachedTokenDelta int
 	P2PPort             int
@@ -95,20 +109,32 @@ func (l *serveConnectList) Set(v string) error {
 	return nil
 }
 
-// serveParsePodEndpoint parses POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT].
+// serveParsePodEndpoint parses
+// POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]; a model name
+// cannot contain a comma.
 func serveParsePodEndpoint(v string) (servePodEndpoint, error) {
+	const want = "POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]"
 	pod, rest, ok := strings.Cut(v, "=")
 	if !ok || pod == "" || rest == "" {
-		return servePodEndpoint{}, fmt.Errorf("want POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT], got %q", v)
+		return servePodEndpoint{}, fmt.Errorf("want %s, got %q", want, v)
 	}
 	parts := strings.Split(rest, ",")
 	pe := servePodEndpoint{Pod: pod, Endpoint: parts[0]}
+	seen := map[string]bool{}
 	for _, p := range parts[1:] {
 		k, val, ok := strings.Cut(p, "=")
-		if !ok || k != "replay" || val == "" {
-			return servePodEndpoint{}, fmt.Errorf("unknown option %q in %q (want replay=tcp://HOST:PORT)", p, v)
+		if !ok || (k != "replay" && k != "model") || val == "" {
+			return servePodEndpoint{}, fmt.Errorf("unknown option %q in %q (want %s)", p, v, want)
 		}
-		pe.Replay = val
+		if seen[k] {
+			return servePodEndpoint{}, fmt.Errorf("option %s given twice in %q", k, v)
+		}
+		seen[k] = true
+		if k == "replay" {
+			pe.Replay = val
+		} else {
+			pe.Model = val
+		}
 	}
 	return pe, nil
 }
@@ -120,11 +146,15 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	var bind serveStringList
 	var connect, replay serveConnectList
 	fs.Var(&bind, "events-bind", "bind a SUB socket engines connect to, e.g. tcp://*:5557 (repeatable)")
-	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT] (repeatable)")
+	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL] (repeatable); "+
+		"model= names the pod's model when its topic does not (vLLM's default topic is empty)")
 	fs.Var(&replay, "events-replay", "replay endpoint of a pod that connects to --events-bind: POD=tcp://HOST:PORT, rank 0's; rank r's port is r higher (repeatable)")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "HTTP listen address")
-	fs.StringVar(&cfg.Algo, "algo", string(hashing.SHA256), "the engines' --prefix-caching-hash-algo")
-	fs.StringVar(&cfg.Seed, "seed", "", "the engines' PYTHONHASHSEED (default vLLM's, required for xxhash algorithms)")
+	fs.StringVar(&cfg.Algo, "algo", string(hashing.SHA256), "the engines' --prefix-caching-hash-algo (with --keys engine)")
+	fs.StringVar(&cfg.Keys, "keys", serveKeysEngine, "index keys: engine (the engines' own, reproduced with --algo and --seed) or "+
+		"content (derived from the tokens events carry, for engines whose keys cannot be reproduced, such as llm-d's simulator)")
+	var seed seedFlag
+	fs.Var(&seed, "seed", "the engines' PYTHONHASHSEED; unset means vLLM's default, '' the empty string (required for xxhash algorithms)")
 	fs.IntVar(&cfg.BlockSize, "block-size", hashing.DefaultBlockSize, "the engines' --block-size")
 	fs.IntVar(&cfg.MinCachedTokenDelta, "min-cached-token-delta", picker.DefaultMinCachedTokenDelta, "smallest gain, in tokens, worth a pull")
 	fs.IntVar(&cfg.P2PPort, "p2p-port", picker.DefaultP2PPort, "the engines' base P2P port (VLLM_P2P_SIDE_CHANNEL_PORT); rank r listens on it plus r")
@@ -137,9 +167,10 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]... [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT]]...")
+		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]...")
+		fmt.Fprintln(stderr, "                      [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]]...")
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
-		fmt.Fprintln(stderr, "                      [--http 127.0.0.1:8080] [--algo A] [--seed S] [--block-size N]")
+		fmt.Fprintln(stderr, "                      [--http 127.0.0.1:8080] [--keys engine|content] [--algo A] [--seed S] [--block-size N]")
 		fmt.Fprintln(stderr, "                      [--min-cached-token-delta N] [--snapshot FILE] [--calibration FILE]")
 		fmt.Fprintln(stderr, "endpoints: POST /v1/score, POST /v1/pick, POST /v1/done, GET /v1/pods, GET /metrics, GET /healthz")
 		fs.PrintDefaults()
@@ -150,11 +181,20 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	switch {
+	case cfg.Keys != serveKeysEngine && cfg.Keys != serveKeysContent:
+		return cfg, fmt.Errorf("--keys %q: want engine or content", cfg.Keys)
+	case cfg.Algo == string(hashing.Content) && cfg.Keys != serveKeysContent:
+		// No engine hashes with kvsource's content keys: indexing the
+		// engines' keys and hashing requests with content keys matches
+		// nothing.
+		return cfg, fmt.Errorf("--algo content: no engine hashes with content keys; use --keys content")
+	}
 	if cfg.MinCachedTokenDelta < 1 {
 		return cfg, fmt.Errorf("--min-cached-token-delta must be at least 1, got %d", cfg.MinCachedTokenDelta)
 	}
 	for _, r := range replay {
-		if r.Replay != "" {
+		if r.Replay != "" || r.Model != "" {
 			return cfg, fmt.Errorf("--events-replay %s: want POD=tcp://HOST:PORT", r.Pod)
 		}
 		r.Replay, r.Endpoint = r.Endpoint, ""
@@ -175,6 +215,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		}
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
+	cfg.Seed, cfg.SeedSet = seed.value, seed.set
 	return cfg, nil
 }
 
@@ -213,4 +254,16 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// hashingConfig is the engines' hashing configuration.
+func (c serveConfig) hashingConfig() hashing.Config {
+	return hashing.Config{Algo: hashing.Algo(c.Algo), Seed: c.Seed, SeedSet: c.SeedSet, BlockSize: c.BlockSize}
+}
+
+// contentConfig is the content-key configuration of --keys content: the
+// service both derives and looks up these keys, so only the block size
+// must be the engines'.
+func (c serveConfig) contentConfig() hashing.Config {
+	return hashing.Config{Algo: hashing.Content, Seed: c.Seed, SeedSet: c.SeedSet, BlockSize: c.BlockSize}
 }

@@ -38,7 +38,7 @@ func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byt
 	require.NoError(tb, err)
 	nb := len(keys)
 	const holders = 64
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.1:8000"}, index.TierGPU, 0, 0, false, keys[:nb/4])
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.1:8000"}, Tier: index.TierGPU, Keys: keys[:nb/4]})
 	var cands []map[string]any
 	for i := 1; i < holders; i++ {
 		peer := index.Holder{Pod: fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256)}
@@ -46,8 +46,8 @@ func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byt
 		if i%4 != 0 {
 			cpu = nb * (holders - i) / holders
 		}
-		s.idx.Store("m", peer, index.TierCPU, 0, 0, false, keys[:cpu])
-		s.idx.Store("m", peer, index.TierGPU, 0, 0, false, keys[:cpu/2])
+		s.idx.Store(index.Blocks{Model: "m", Holder: peer, Tier: index.TierCPU, Keys: keys[:cpu]})
+		s.idx.Store(index.Blocks{Model: "m", Holder: peer, Tier: index.TierGPU, Keys: keys[:cpu/2]})
 		if len(cands) < 8 {
 			cands = append(cands, map[string]any{"pod": peer.Pod, "dp_rank": 0, "waiting": i % 5})
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
@@ -132,7 +133,7 @@ func TestServeBinaryServesEventsAndStopsOnSIGTERM(t *testing.T) {
 	require.NoError(t, err)
 
 	srv := startServeBinary(t, bin, "--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort))
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), Topic: "kv@" + pod + "@" + model})
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), Topic: "kv@" + pod + "@" + model})
 	require.NoError(t, err)
 	defer pub.Close()
 	batch := &events.Batch{Events: []events.Event{
@@ -188,8 +189,8 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
 	// One engine across both service runs: its sequence numbers go on.
-	pub, err := events.NewPublisher(events.PublisherConfig{
-		Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
+		Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
 		Topic: "kv@" + pod + "@" + model})
 	require.NoError(t, err)
 	defer pub.Close()

@@ -128,8 +128,8 @@ func TestServeTakesTokensAsBase64AndAnswersAsForTheirJSON(t *testing.T) {
 	}
 	keys, err := s.hasher.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.1:8000"}, index.TierGPU, 0, 0, false, keys[:10])
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.1:8000"}, Tier: index.TierGPU, Keys: keys[:10]})
 	for _, path := range []string{"/v1/score", "/v1/pick"} {
 		plain := map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"}
 		b64 := map[string]any{"model": "m", "tokens_b64": serveB64(tokens), "destination": "10.0.0.1:8000", "request_id": "r"}

@@ -41,28 +41,9 @@ func serveGauge(name, help string, f func(events.Stats, index.Stats) float64) se
 	return serveStatDesc{prometheus.NewDesc(name, help, nil, nil), prometheus.GaugeValue, f}
 }
 
-var serveStatDescs = []serveStatDesc{
-	serveCounter("kvsource_events_messages_total", "Event messages received.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Messages) }),
-	serveCounter("kvsource_events_bad_messages_total", "Messages dropped for a wrong frame count, sequence frame or topic.", func(e events.Stats, _ index.Stats) float64 { return float64(e.BadMessages) }),
-	serveCounter("kvsource_events_batches_total", "Event batches applied, live and replayed.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Batches) }),
-	serveCounter("kvsource_events_events_total", "Events applied.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Events) }),
-	serveCounter("kvsource_events_blocks_total", "Blocks in applied BlockStored and BlockRemoved events.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Blocks) }),
-	serveCounter("kvsource_events_unknown_events_total", "Events of unknown type, skipped.", func(e events.Stats, _ index.Stats) float64 { return float64(e.UnknownEvents) }),
-	serveCounter("kvsource_events_decode_errors_total", "Malformed payloads, dropped.", func(e events.Stats, _ index.Stats) float64 { return float64(e.DecodeErrors) }),
-	serveCounter("kvsource_events_gaps_total", "Forward sequence jumps.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Gaps) }),
-	serveCounter("kvsource_events_replays_total", "Replay requests answered.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Replays) }),
-	serveCounter("kvsource_events_replay_errors_total", "Replay requests that failed or timed out.", func(e events.Stats, _ index.Stats) float64 { return float64(e.ReplayErrors) }),
-	serveCounter("kvsource_events_replay_timeouts_total", "Of the failed replay requests, those that timed out.", func(e events.Stats, _ index.Stats) float64 { return float64(e.ReplayTimeouts) }),
-	serveCounter("kvsource_events_replayed_batches_total", "Batches applied from replay.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Replayed) }),
-	serveCounter("kvsource_events_unrecovered_gaps_total", "Gaps replay did not close.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Unrecovered) }),
-	serveCounter("kvsource_events_restarts_total", "Engine restarts (sequences going backwards).", func(e events.Stats, _ index.Stats) float64 { return float64(e.Restarts) }),
-	serveCounter("kvsource_events_duplicates_total", "Live batches dropped as already applied from replay.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Duplicates) }),
-	serveCounter("kvsource_events_queue_full_total", "Messages dropped because a worker queue was full.", func(e events.Stats, _ index.Stats) float64 { return float64(e.QueueFull) }),
-	serveCounter("kvsource_events_hash_checks_total", "Hash agreement checks run.", func(e events.Stats, _ index.Stats) float64 { return float64(e.HashChecks) }),
-	serveCounter("kvsource_events_hash_mismatches_total", "Hash agreement checks that failed: engine and service hash differently.", func(e events.Stats, _ index.Stats) float64 { return float64(e.HashMismatches) }),
-	serveCounter("kvsource_events_unresolved_blocks_total", "Content-key mode: blocks whose content key was unknown.", func(e events.Stats, _ index.Stats) float64 { return float64(e.Unresolved) }),
-	serveCounter("kvsource_events_chunked_offload_total", "Offload-tier events whose block size is a multiple of the engine's: their CPU-tier lookups undercount.", func(e events.Stats, _ index.Stats) float64 { return float64(e.ChunkedOffload) }),
-	serveCounter("kvsource_events_holder_limit_total", "Messages dropped because their new holder would pass the holder limit.", func(e events.Stats, _ index.Stats) float64 { return float64(e.HolderLimit) }),
+// serveStatDescs are the subscriber's counters, rendered from
+// events.Counters, and the index's.
+var serveStatDescs = append(serveEventDescs(), []serveStatDesc{
 	serveGauge("kvsource_index_models", "Models with at least one holder.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Models) }),
 	serveGauge("kvsource_index_holders", "(model, holder) pairs in the index.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Holders) }),
 	serveGauge("kvsource_index_holdings", "(block, tier) holdings in the index.", func(_ events.Stats, i index.Stats) float64 { return float64(i.HolderBlocks) }),
@@ -72,6 +53,15 @@ var serveStatDescs = []serveStatDesc{
 	serveCounter("kvsource_index_evicted_capacity_total", "Holdings evicted past a holder's capacity.", func(_ events.Stats, i index.Stats) float64 { return float64(i.EvictedCapacity) }),
 	serveCounter("kvsource_index_evicted_budget_total", "Holdings evicted past the index's budget.", func(_ events.Stats, i index.Stats) float64 { return float64(i.EvictedBudget) }),
 	serveCounter("kvsource_index_rejected_tier_total", "Stores dropped for an empty tier or too many tiers.", func(_ events.Stats, i index.Stats) float64 { return float64(i.RejectedTier) }),
+}...)
+
+func serveEventDescs() []serveStatDesc {
+	var out []serveStatDesc
+	for _, c := range events.Counters {
+		out = append(out, serveCounter("kvsource_events_"+c.Name+"_total", c.Help,
+			func(e events.Stats, _ index.Stats) float64 { return float64(*c.Stat(&e)) }))
+	}
+	return out
 }
 
 var serveHolderStateDesc = prometheus.NewDesc("kvsource_holders", "Holders by event-stream state (live or stale).", []string{"state"}, nil)

@@ -22,6 +22,7 @@ import (
 	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -37,7 +38,7 @@ type serveService struct {
 	// hashCache is the process-wide hash cache, nil when off.
 	hashCache *hashing.Cache
 	idx       *index.Index
-	sub       *events.Subscriber
+	sub       *zmq.Subscriber
 	pk        *picker.Picker
 
 	reg       *prometheus.Registry
@@ -50,8 +51,6 @@ type serveService struct {
 	stopSub  context.CancelFunc
 	subDone  chan error
 	shutdown sync.Once
-	// subStopTimeout bounds how long Shutdown waits for the subscriber.
-	subStopTimeout time.Duration
 
 	// pulls holds the pull decisions by request id until POST /v1/done
 	// releases them or the in-flight TTL passes.
@@ -67,23 +66,32 @@ type serveInflightPull struct {
 }
 
 func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
-	h, err := hashing.New(hashing.Config{Algo: hashing.Algo(cfg.Algo), Seed: cfg.Seed, BlockSize: cfg.BlockSize})
+	// With --keys content the index holds content keys and requests are
+	// hashed the same way; the engines' own keys need not be reproducible
+	// (--algo does not matter), so their agreement is not checked.
+	content := cfg.Keys == serveKeysContent
+	hcfg := cfg.hashingConfig()
+	if content {
+		hcfg = cfg.contentConfig()
+	}
+	h, err := hashing.New(hcfg)
 	if err != nil {
 		return nil, err
 	}
-	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull](),
-		subStopTimeout: serveSubStopTimeout}
+	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
 	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
 		return nil, err
 	}
-	s.sub, err = events.NewSubscriber(events.Config{
-		Sink: s.idx, Bind: cfg.EventsBind, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log,
-	})
+	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content"}
+	if content {
+		ecfg.ContentKeys, ecfg.Hasher = h, nil
+	}
+	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{Events: ecfg, Bind: cfg.EventsBind})
 	if err != nil {
 		return nil, err
 	}
 	for _, pe := range cfg.EventsConnect {
-		if err := s.sub.AddPod(pe.Pod, pe.Endpoint, pe.Replay); err != nil {
+		if err := s.sub.AddPodConfig(zmq.PodConfig{Pod: pe.Pod, Endpoint: pe.Endpoint, Replay: pe.Replay, Model: pe.Model}); err != nil {
 			return nil, fmt.Errorf("--events-connect %s: %w", pe.Pod, err)
 		}
 	}
@@ -204,36 +212,32 @@ func (s *serveService) Start(ctx context.Context) error {
 		}
 	}()
 	s.log.Info("kvsource serve: started", "http", ln.Addr().String(), "bind", s.cfg.EventsBind,
-		"connect", len(s.cfg.EventsConnect), "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
+		"connect", len(s.cfg.EventsConnect), "keys", s.cfg.Keys, "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
 	return nil
 }
 
 // Addr returns the address the HTTP API listens on.
 func (s *serveService) Addr() string { return s.ln.Addr().String() }
 
-// serveSubStopTimeout is how long Shutdown waits for the subscriber to stop.
-const serveSubStopTimeout = 10 * time.Second
-
 // Shutdown stops accepting requests, waits for those in flight, stops the
-// subscriber and saves the snapshot when one is configured. A subscriber
-// that has not stopped after subStopTimeout is logged and left behind: the
-// snapshot is saved all the same (saveSnapshot is correct while events
-// flow) and Shutdown returns an error saying so.
+// subscriber (which returns within a second, replays included) and saves
+// the snapshot when one is configured. A subscriber that has not stopped
+// when ctx is done is logged and left behind: the snapshot is saved all the
+// same (saveSnapshot is correct while events flow) and Shutdown returns an
+// error saying so.
 func (s *serveService) Shutdown(ctx context.Context) error {
 	var err error
 	s.shutdown.Do(func() {
 		err = s.http.Shutdown(ctx)
 		s.stopSub()
-		t := time.NewTimer(s.subStopTimeout)
-		defer t.Stop()
 		select {
 		case serr := <-s.subDone:
 			if serr != nil && !errors.Is(serr, context.Canceled) {
 				err = errors.Join(err, fmt.Errorf("events: %w", serr))
 			}
-		case <-t.C:
-			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it", "timeout", s.subStopTimeout)
-			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop within %v", s.subStopTimeout))
+		case <-ctx.Done():
+			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it")
+			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop: %w", ctx.Err()))
 		}
 		if s.cfg.Snapshot != "" {
 			err = errors.Join(err, s.saveSnapshot())
@@ -638,18 +642,19 @@ func servePickerError(err error) error {
 }
 
 type servePodJSON struct {
-	Pod            string         `json:"pod"`
-	Model          string         `json:"model"`
-	DPRank         int            `json:"dp_rank"`
-	Blocks         map[string]int `json:"blocks"`
-	LastSeq        uint64         `json:"last_seq"`
-	Gaps           uint64         `json:"gaps"`
-	Replays        uint64         `json:"replays"`
-	DecodeErrors   uint64         `json:"decode_errors"`
-	HashMismatches uint64         `json:"hash_mismatches"`
-	ChunkedOffload uint64         `json:"chunked_offload"`
-	State          string         `json:"state"`
-	InflightPulls  int            `json:"inflight_pulls"`
+	Pod             string         `json:"pod"`
+	Model           string         `json:"model"`
+	DPRank          int            `json:"dp_rank"`
+	Blocks          map[string]int `json:"blocks"`
+	LastSeq         uint64         `json:"last_seq"`
+	Gaps            uint64         `json:"gaps"`
+	Replays         uint64         `json:"replays"`
+	DecodeErrors    uint64         `json:"decode_errors"`
+	HashMismatches  uint64         `json:"hash_mismatches"`
+	ChunkedOffload  uint64         `json:"chunked_offload"`
+	TokenlessEvents uint64         `json:"tokenless_events"`
+	State           string         `json:"state"`
+	InflightPulls   int            `json:"inflight_pulls"`
 }
 
 // handlePods lists every holder the subscriber knows, and every holder the
@@ -662,7 +667,7 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 	for _, st := range status {
 		pods = append(pods, servePodJSON{Pod: st.Pod, Model: st.Model, DPRank: st.Rank, Blocks: s.holderBlocks(st.Model, st.Holder()),
 			LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, DecodeErrors: st.DecodeErrors,
-			HashMismatches: st.HashMismatches, ChunkedOffload: st.ChunkedOffload, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
+			HashMismatches: st.HashMismatches, ChunkedOffload: st.ChunkedOffload, TokenlessEvents: st.Tokenless, State: st.State, InflightPulls: s.pk.Inflight(st.Holder())})
 	}
 	for _, hm := range serveUnseen(list, status) {
 		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,

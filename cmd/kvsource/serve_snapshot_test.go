@@ -27,8 +27,8 @@ func TestServeListsExpandsAndKeepsSnapshotHoldersNotYetHeardFrom(t *testing.T) {
 	rank1 := index.Holder{Pod: "10.0.0.5:8000", Rank: 1}
 	noSeq := index.Holder{Pod: "10.0.0.6:8000"}
 	ix := index.New(index.Config{})
-	ix.Store(model, rank1, index.TierCPU, 0, 0, false, keys)
-	ix.Store(model, noSeq, index.TierGPU, 0, 0, false, keys[:2])
+	ix.Store(index.Blocks{Model: model, Holder: rank1, Tier: index.TierCPU, Keys: keys})
+	ix.Store(index.Blocks{Model: model, Holder: noSeq, Tier: index.TierGPU, Keys: keys[:2]})
 	path := filepath.Join(t.TempDir(), "index.snap")
 	require.NoError(t, ix.SaveFile(path, map[index.Holder]uint64{rank1: 41}))
 

@@ -86,6 +86,7 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Equal(t, []servePodEndpoint{{Pod: "10.0.0.3:8000", Replay: "tcp://10.0.0.3:5558"}}, cfg.EventsReplay)
 	require.Equal(t, "xxhash", cfg.Algo)
 	require.Equal(t, "42", cfg.Seed)
+	require.True(t, cfg.SeedSet)
 	require.Equal(t, 64, cfg.BlockSize)
 	require.Equal(t, 2048, cfg.MinCachedTokenDelta)
 	require.Equal(t, "/tmp/s", cfg.Snapshot)
@@ -112,6 +113,79 @@ func TestServeParsesFlags(t *testing.T) {
 	require.Equal(t, 0, runServe([]string{"--help"}, nil, &stdout, io.Discard))
 	require.Contains(t, stdout.String(), "usage: kvsource serve")
 	require.Contains(t, stdout.String(), "POST /v1/pick")
+}
+
+func TestServeParsesKeysAndPodModels(t *testing.T) {
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, serveKeysEngine, cfg.Keys)
+
+	cfg, err = parseServeFlags([]string{"--keys", "content",
+		"--events-connect", "a=tcp://h:1,model=Qwen/Qwen3-0.6B@v2",
+		"--events-connect", "b=tcp://h:2,model=m,replay=tcp://h:3",
+		"--events-connect", "c=tcp://h:4,replay=tcp://h:5",
+	}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, serveKeysContent, cfg.Keys)
+	require.Equal(t, []servePodEndpoint{
+		{Pod: "a", Endpoint: "tcp://h:1", Model: "Qwen/Qwen3-0.6B@v2"},
+		{Pod: "b", Endpoint: "tcp://h:2", Replay: "tcp://h:3", Model: "m"},
+		{Pod: "c", Endpoint: "tcp://h:4", Replay: "tcp://h:5"},
+	}, cfg.EventsConnect)
+	require.Equal(t, hashing.Content, mustContentHasher(t, cfg).Config().Algo)
+
+	// --algo does not matter to content keys: an xxhash algorithm without
+	// a seed, which engine keys refuse, starts.
+	cfg, err = parseServeFlags([]string{"--keys", "content", "--algo", "xxhash", "--http", "127.0.0.1:0"}, io.Discard)
+	require.NoError(t, err)
+	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	require.Equal(t, hashing.Content, s.hasher.Config().Algo)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--keys", "engines"}, `--keys "engines": want engine or content`},
+		{[]string{"--algo", "content"}, "use --keys content"},
+		{[]string{"--events-connect", "a=tcp://h:1,model="}, "unknown option"},
+		{[]string{"--events-connect", "a=tcp://h:1,model=x,model=y"}, "given twice"},
+		{[]string{"--events-connect", "a=tcp://h:1,lora=x"}, "[,model=MODEL]"},
+		{[]string{"--events-replay", "a=tcp://h:1,model=x"}, "want POD=tcp://HOST:PORT"},
+	} {
+		_, err := parseServeFlags(tc.args, io.Discard)
+		require.ErrorContains(t, err, tc.want, "%q", tc.args)
+	}
+}
+
+func mustContentHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
+	t.Helper()
+	h, err := hashing.New(cfg.contentConfig())
+	require.NoError(t, err)
+	return h
+}
+
+func TestServeSeedFlagTellsUnsetFromEmpty(t *testing.T) {
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.False(t, cfg.SeedSet)
+	require.Equal(t, hashing.DefaultSeed, mustHasher(t, cfg).Config().Seed)
+
+	cfg, err = parseServeFlags([]string{"--seed", ""}, io.Discard)
+	require.NoError(t, err)
+	require.True(t, cfg.SeedSet)
+	h := mustHasher(t, cfg)
+	require.Equal(t, "", h.Config().Seed)
+	empty, err := hashing.New(hashing.Config{SeedSet: true})
+	require.NoError(t, err)
+	require.Equal(t, empty.Root(), h.Root())
+}
+
+func mustHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
+	t.Helper()
+	h, err := hashing.New(cfg.hashingConfig())
+	require.NoError(t, err)
+	return h
 }
 
 func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
@@ -196,7 +270,7 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
 	src := index.Holder{Pod: "10.0.0.2:8000"}
-	s.idx.Store("m", src, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: src, Tier: index.TierCPU, Keys: keys})
 
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
@@ -230,7 +304,7 @@ func FuzzServeRequests(f *testing.F) {
 	require.NoError(f, err)
 	keys, err := s.hasher.BlockKeys(nil, hashing.Request{Tokens: make([]uint32, 64)})
 	require.NoError(f, err)
-	s.idx.Store("m", index.Holder{Pod: "q:1"}, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "q:1"}, Tier: index.TierCPU, Keys: keys})
 	handlers := map[string]http.HandlerFunc{
 		"/v1/score": s.instrument("/v1/score", s.handleScore),
 		"/v1/pick":  s.instrument("/v1/pick", s.handlePick),
@@ -268,8 +342,8 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 	}
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.3:8000"}, index.TierGPU, 0, 0, false, keys[:10])
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.3:8000"}, Tier: index.TierGPU, Keys: keys[:10]})
 
 	for _, tc := range []struct {
 		dest   string
@@ -306,7 +380,7 @@ func TestServeRunsWithAnInflightTTLBelowTheSweepTick(t *testing.T) {
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Eventually(t, func() bool { return s.pulls.Size() == 0 }, 10*time.Second, 5*time.Millisecond)
@@ -319,7 +393,7 @@ func TestServeGivesEveryPullItsOwnKVRequestID(t *testing.T) {
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
 	pick := func(req map[string]any) string {
 		t.Helper()
 		code, body := serveCall(t, "POST", base+"/v1/pick", req)
@@ -345,7 +419,7 @@ func TestServeTellsAnUnknownModelFromNoHolder(t *testing.T) {
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store("m", index.Holder{Pod: "10.0.0.2:8000"}, index.TierCPU, 0, 0, false, keys[2:])
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys[2:]})
 
 	pick := func(model string) servePickResponse {
 		code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": model, "tokens": tokens, "destination": "10.0.0.1:8000"})

@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/index"
 )
 
@@ -17,114 +19,224 @@ import (
 var errEvents = errors.New("events lost or mistrusted")
 
 // eventPath carries the pods' cache changes to the router's index as a vLLM
-// fleet does: each pod's events.Publisher connects to the router's
-// events.Subscriber, bound on a free loopback port, with a replay socket of
+// fleet does: each pod's zmq.Publisher connects to the router's
+// zmq.Subscriber, bound on a free loopback port, with a replay socket of
 // its own; the subscriber applies the events to an index.Index.
 type eventPath struct {
 	idx     *index.Index
-	sub     *events.Subscriber
-	pubs    []*events.Publisher
+	sub     *zmq.Subscriber
+	pubs    []*zmq.Publisher
 	pods    []*pod
 	sent    []uint64 // per pod: batches published
-	applied []uint64 // per pod: batches the subscriber has applied, as last seen
 	dirty   bool
 	timeout time.Duration
 	cancel  context.CancelFunc
 	done    chan error
-}
-
-// loopbackEndpoints returns n distinct TCP endpoints on free loopback
-// ports. The ports are held until all are chosen, so that none is handed
-// out twice.
-func loopbackEndpoints(n int) ([]string, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	eps := make([]string, n)
-	for i := range eps {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free loopback port: %w", err)
-		}
-		ls = append(ls, l)
-		eps[i] = fmt.Sprintf("tcp://127.0.0.1:%d", l.Addr().(*net.TCPAddr).Port)
-	}
-	return eps, nil
+	cfg     zmq.SubscriberConfig
+	replays []string // per pod: its replay endpoint
+	// before sums the counters of subscribers a router restart replaced.
+	before eventStats
+	// restarts counts router restarts.
+	restarts int
 }
 
 func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 	e.timeout = opt.syncTimeout
 	e.idx = index.New(index.Config{})
-	eps, err := loopbackEndpoints(1 + len(f.pods))
-	if err != nil {
-		return err
+	cfg := zmq.SubscriberConfig{
+		Events: events.Config{Sink: e.idx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Bind:   []string{"tcp://127.0.0.1:0"},
 	}
-	bind := eps[0]
-	cfg := events.Config{Sink: e.idx, Bind: []string{bind}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if opt.hashCheck {
-		cfg.Hasher = f.rtr.h
+		cfg.Events.Hasher = f.rtr.h
 	}
 	if opt.logger != nil {
-		cfg.Logger = opt.logger
+		cfg.Events.Logger = opt.logger
 	}
-	if e.sub, err = events.NewSubscriber(cfg); err != nil {
+	e.cfg = cfg
+	if err := e.startSubscriber(ctx, nil); err != nil {
 		return err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	e.cancel, e.done = cancel, make(chan error, 1)
-	go func() { e.done <- e.sub.Run(rctx) }()
+	// A restarted router binds the port the first one got: the pods'
+	// publishers reconnect to it on their own.
+	e.cfg.Bind = e.sub.Addrs()
 	e.pods = f.pods
-	for i, p := range f.pods {
-		replay := eps[1+i]
-		pub, err := events.NewPublisher(events.PublisherConfig{
-			Endpoint: bind, ReplayEndpoint: replay,
+	for _, p := range f.pods {
+		pub, err := zmq.NewPublisher(zmq.PublisherConfig{
+			Connect: e.sub.Addrs()[0], ReplayEndpoint: "tcp://127.0.0.1:0",
 			Topic:  fmt.Sprintf("kv@%s@%s", p.name, f.model),
-			Layout: events.LayoutMap,
+			Layout: events.LayoutMap, BufferSteps: f.spec.replaySteps,
 		})
 		if err != nil {
 			e.close()
 			return err
 		}
 		e.pubs = append(e.pubs, pub)
-		if err := e.sub.AddPod(p.name, "", replay); err != nil {
+		e.replays = append(e.replays, pub.ReplayAddr())
+		if err := e.sub.AddPod(p.name, "", pub.ReplayAddr()); err != nil {
 			e.close()
 			return err
 		}
 	}
 	e.sent = make([]uint64, len(f.pods))
-	e.applied = make([]uint64, len(f.pods))
-	return e.handshake(ctx)
+	// What a publisher sends before the subscription reaches it is lost
+	// (and would be recovered by replay): wait for every subscription.
+	wctx, wcancel := context.WithTimeout(ctx, e.timeout)
+	defer wcancel()
+	for i, pub := range e.pubs {
+		if err := pub.WaitSubscribed(wctx); err != nil {
+			return fmt.Errorf("%w: pod %s's events never reached the subscriber: %v", errSync, e.pods[i].name, err)
+		}
+	}
+	return nil
 }
 
-// handshake publishes an empty batch from every pod until the subscriber has
-// seen one from each: a ZMQ subscription takes a moment to reach a
-// publisher, and what is published before it arrives is lost (the
-// subscriber would then recover it by replay).
-func (e *eventPath) handshake(ctx context.Context) error {
+// startSubscriber starts a subscriber on e.idx with the given sequence
+// numbers (from a snapshot), registering the pods known so far, and waits
+// until it is bound.
+func (e *eventPath) startSubscriber(ctx context.Context, seqs map[index.Holder]uint64) error {
+	cfg := e.cfg
+	cfg.Events.Sink, cfg.Events.InitialSeqs = e.idx, seqs
+	var err error
+	if e.sub, err = zmq.NewSubscriber(cfg); err != nil {
+		return err
+	}
+	for i, p := range e.pods {
+		if err := e.sub.AddPod(p.name, "", e.replays[i]); err != nil {
+			return err
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	e.cancel, e.done = cancel, make(chan error, 1)
+	go func() { e.done <- e.sub.Run(rctx) }()
+	select {
+	case <-e.sub.Ready():
+		return nil
+	case err := <-e.done:
+		e.done <- err
+		return fmt.Errorf("%w: the subscriber stopped: %v", errSync, err)
+	}
+}
+
+// snapshot saves the index with the subscriber's sequence numbers, as a
+// router does periodically.
+func (e *eventPath) snapshot(ctx context.Context, path string) error {
+	if err := e.sync(ctx); err != nil {
+		return err
+	}
+	seqs := make(map[index.Holder]uint64, len(e.pods))
+	for _, p := range e.pods {
+		if seq, ok := e.sub.LastSeq(p.holder()); ok {
+			seqs[p.holder()] = seq
+		}
+	}
+	return e.idx.SaveFile(path, seqs)
+}
+
+// pushOutReplay publishes n empty batches from every pod and waits until
+// they are applied: afterwards the pods' replay buffers of n batches hold
+// nothing a new subscriber could learn a cache from, whatever the timing of
+// the restart that follows (a cold router's view of a long-running fleet,
+// reproducibly).
+func (e *eventPath) pushOutReplay(ctx context.Context, n int) error {
+	var empty events.Batch
+	for _, p := range e.pods {
+		for range n {
+			if err := e.publish(p, &empty); err != nil {
+				return err
+			}
+		}
+	}
+	return e.sync(ctx)
+}
+
+// restartRouter replaces the subscriber and the index as a restarted router
+// does: cold, with an empty index that learns from the events published
+// from now on, or from a snapshot file, whose sequence numbers make the new
+// subscriber fetch what the pods published since it was saved from their
+// replay sockets. The pods' publishers reconnect on their own.
+func (e *eventPath) restartRouter(ctx context.Context, snapshot string) error {
+	st := e.stats()
+	e.cancel()
+	<-e.done
+	e.cancel = nil
+	e.before = st
+	var seqs map[index.Holder]uint64
+	if snapshot == "" {
+		e.idx = index.New(index.Config{})
+	} else {
+		var err error
+		if e.idx, seqs, err = index.LoadFile(snapshot, index.Config{}); err != nil {
+			return err
+		}
+	}
+	// libzmq closes the old socket in its own thread: the new one binds
+	// the same port once it is free, and tries again if it lost the race.
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		e.waitPortFree(ctx)
+		if err = e.startSubscriber(ctx, seqs); err != nil {
+			continue
+		}
+		if err = e.handshake(ctx, 50*time.Millisecond); err == nil {
+			e.restarts++
+			return nil
+		}
+		e.cancel()
+		<-e.done
+		e.cancel = nil
+	}
+	return err
+}
+
+// waitPortFree waits (bounded) until the bind endpoint's port can be
+// listened on.
+func (e *eventPath) waitPortFree(ctx context.Context) {
+	addr := strings.TrimPrefix(e.cfg.Bind[0], "tcp://")
+	for range 200 {
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			l.Close()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// handshake publishes an empty batch from every pod whose events the new
+// subscriber has not yet applied, until it has applied each pod's last. A
+// publisher's subscription state says nothing here (the old subscriber's
+// may still stand), and what is published before the new subscription
+// arrives is lost and must be replayed.
+//
+// every spaces the empty batches to one pod: each one published before the
+// pod reconnects is a batch the new subscriber must replay, and the pods'
+// replay buffers are bounded.
+func (e *eventPath) handshake(ctx context.Context, every time.Duration) error {
 	deadline := time.Now().Add(e.timeout)
 	var empty events.Batch
 	for {
-		for i, p := range e.pods {
-			if e.applied[i] == 0 {
-				if err := e.publish(p, &empty); err != nil {
-					return err
-				}
-			}
-		}
-		time.Sleep(2 * time.Millisecond)
-		e.poll()
 		waiting := 0
-		for i := range e.pods {
-			if e.applied[i] == 0 {
-				waiting++
+		for i, p := range e.pods {
+			if seq, ok := e.sub.LastSeq(p.holder()); ok && seq+1 >= e.sent[i] {
+				continue
+			}
+			waiting++
+			if err := e.publish(p, &empty); err != nil {
+				return err
 			}
 		}
 		if waiting == 0 {
 			return e.sync(ctx)
 		}
+		wctx, cancel := context.WithTimeout(ctx, every)
+		for i, p := range e.pods {
+			_ = e.sub.WaitApplied(wctx, p.holder(), e.sent[i]-1)
+		}
+		cancel()
 		select {
 		case err := <-e.done:
 			e.done <- err
@@ -151,44 +263,29 @@ func (e *eventPath) publish(p *pod, b *events.Batch) error {
 	return nil
 }
 
-// poll reads the subscriber's per-holder sequence numbers.
-func (e *eventPath) poll() {
-	for i, p := range e.pods {
-		if seq, ok := e.sub.LastSeq(p.holder()); ok {
-			e.applied[i] = max(e.applied[i], seq+1)
-		}
-	}
-}
-
 // sync waits until the subscriber has applied every pod's last published
 // sequence number, so the next decision reads the index the events made.
 func (e *eventPath) sync(ctx context.Context) error {
 	if !e.dirty {
 		return nil
 	}
-	deadline := time.Now().Add(e.timeout)
-	for wait := 20 * time.Microsecond; ; wait = min(2*wait, time.Millisecond) {
-		e.poll()
-		behind := -1
-		for i := range e.pods {
-			if e.applied[i] < e.sent[i] {
-				behind = i
-				break
+	wctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	for i, p := range e.pods {
+		if e.sent[i] == 0 {
+			continue
+		}
+		if err := e.sub.WaitApplied(wctx, p.holder(), e.sent[i]-1); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
+			applied, _ := e.sub.LastSeq(p.holder())
+			return fmt.Errorf("%w: pod %s published %d batches, the last applied is %d after %v",
+				errSync, p.name, e.sent[i], applied, e.timeout)
 		}
-		if behind < 0 {
-			e.dirty = false
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: pod %s published %d batches, %d applied after %v",
-				errSync, e.pods[behind].name, e.sent[behind], e.applied[behind], e.timeout)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		time.Sleep(wait)
 	}
+	e.dirty = false
+	return nil
 }
 
 func (e *eventPath) close() {
@@ -204,10 +301,19 @@ func (e *eventPath) close() {
 // stats summarises what the subscriber applied and what went wrong.
 func (e *eventPath) stats() eventStats {
 	st := e.sub.Stats()
-	return eventStats{
+	return e.before.add(eventStats{
 		Batches: st.Batches, Events: st.Events, Blocks: st.Blocks,
 		Gaps: st.Gaps, Replayed: st.Replayed, Unrecovered: st.Unrecovered, DecodeErrors: st.DecodeErrors,
 		QueueFull: st.QueueFull, HashChecks: st.HashChecks, HashMismatches: st.HashMismatches,
+	})
+}
+
+func (s eventStats) add(t eventStats) eventStats {
+	return eventStats{
+		Batches: s.Batches + t.Batches, Events: s.Events + t.Events, Blocks: s.Blocks + t.Blocks,
+		Gaps: s.Gaps + t.Gaps, Replayed: s.Replayed + t.Replayed, Unrecovered: s.Unrecovered + t.Unrecovered,
+		DecodeErrors: s.DecodeErrors + t.DecodeErrors, QueueFull: s.QueueFull + t.QueueFull,
+		HashChecks: s.HashChecks + t.HashChecks, HashMismatches: s.HashMismatches + t.HashMismatches,
 	}
 }
 

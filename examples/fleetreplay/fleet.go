@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
 )
 
@@ -38,10 +39,14 @@ type runSpec struct {
 	aggregated int // or aggregated pods
 	gpuBlocks  int
 	cpuBlocks  int
-	cost       CostModel
-	hashing    hashing.Config
-	minDelta   int // picker threshold in tokens
-	reqs       []*request
+	// decodeGPU and decodeCPU size the decode pods' tiers (0: as the
+	// others').
+	decodeGPU int
+	decodeCPU int
+	cost      CostModel
+	hashing   hashing.Config
+	minDelta  int // picker threshold in tokens
+	reqs      []*request
 	// warm fills the caches before the first arrival, as the traffic
 	// before the replay did.
 	warm func(f *fleet) error
@@ -55,6 +60,26 @@ type runSpec struct {
 	// next there. Requests with a negative arrival are not scheduled at
 	// the start; such a hook schedules them.
 	finished func(f *fleet, r *request)
+	// actions run at their virtual times: a restart, a pod joining.
+	actions []action
+	// down lists pods that take no requests until an action brings them up.
+	down []int
+	// replaySteps is how many batches each pod keeps for replay (0: the
+	// publisher's default).
+	replaySteps int
+	// coldRestart marks a router restarted without a snapshot, whose
+	// subscriber meets gaps it cannot recover.
+	coldRestart bool
+	// variant labels the arm within its scenario ("" when rate does).
+	variant string
+	// figures, when set, adds the scenario's own figures to the result.
+	figures func(f *fleet, a *armResult)
+}
+
+// action is something that happens to the fleet at a virtual time.
+type action struct {
+	at float64
+	do func(f *fleet) error
 }
 
 func (s *runSpec) arm() string {
@@ -108,9 +133,13 @@ func newFleet(ctx context.Context, spec *runSpec, opt sdkOptions) (*fleet, error
 		for range n {
 			i := len(f.pods)
 			host := fmt.Sprintf("10.0.0.%d", i+1)
+			gpu, cpu := spec.gpuBlocks, spec.cpuBlocks
+			if r == roleDecode && spec.decodeGPU > 0 {
+				gpu, cpu = spec.decodeGPU, spec.decodeCPU
+			}
 			p := &pod{
 				f: f, idx: i, role: r, host: host, name: host + ":8000",
-				gpu: newLRU(spec.gpuBlocks), cpu: newLRU(spec.cpuBlocks),
+				gpu: newLRU(gpu), cpu: newLRU(cpu),
 				pending: make(map[uint64]*landing),
 			}
 			p.compute.c, p.link.c = &f.clk, &f.clk
@@ -121,7 +150,7 @@ func newFleet(ctx context.Context, spec *runSpec, opt sdkOptions) (*fleet, error
 	add(rolePrefill, spec.prefill)
 	add(roleDecode, spec.decode)
 	add(roleBoth, spec.aggregated)
-	f.res = &armResult{Scenario: spec.scenario, Arm: spec.arm(), Rate: spec.rate, Decisions: map[string]int{}}
+	f.res = &armResult{Scenario: spec.scenario, Arm: spec.arm(), Variant: spec.variant, Rate: spec.rate, Decisions: map[string]int{}}
 	if f.sdk, err = newSDKPath(ctx, f, opt); err != nil {
 		return nil, err
 	}
@@ -139,8 +168,18 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 		}
 	}
 	f.placed = make([]int, len(f.spec.reqs))
+	for _, i := range f.spec.down {
+		f.pods[i].down = true
+	}
+	for _, a := range f.spec.actions {
+		f.clk.at(a.at, func() {
+			if err := a.do(f); err != nil {
+				f.fail(err)
+			}
+		})
+	}
 	for _, r := range f.spec.reqs {
-		if r.arrival >= 0 {
+		if r.arrival >= 0 && !r.chained {
 			f.clk.at(r.arrival, func() { f.arrive(ctx, r) })
 		}
 	}
@@ -158,6 +197,9 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 		}
 	}
 	f.res.finish(f.spec.reqs)
+	if f.spec.figures != nil {
+		f.spec.figures(f, f.res)
+	}
 	// The requests outlive the fleet (in the results, and in the replay's
 	// list of arms): a link from them to a pod would keep every arm's
 	// caches, index and transfer memory live until the replay ends
@@ -168,7 +210,13 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 	f.res.Utilisation = f.utilisation()
 	f.res.Transfer = f.sdk.transferStats()
 	f.res.Events = f.sdk.ev.stats()
-	if err := f.res.Events.trusted(); err != nil {
+	ev := f.res.Events
+	if f.spec.coldRestart {
+		// A cold router cannot recover what the pods' replay buffers no
+		// longer hold: those gaps are the scenario's point.
+		ev.Unrecovered = 0
+	}
+	if err := ev.trusted(); err != nil {
 		return nil, nil, fmt.Errorf("%s %s: %w", f.spec.scenario, f.spec.arm(), err)
 	}
 	return f.res, f.placed, nil
@@ -272,14 +320,41 @@ func (f *fleet) nextDecode() *pod {
 	return d
 }
 
-// finished records a request's first token.
-func (f *fleet) finished(r *request) {
+// finished records a request's first token. A conversation's turn goes on
+// decoding on holder (its decode pod, or in an aggregated fleet the pod
+// that computed it), which holds the reply when it is done; the next turn
+// follows after the tool gap.
+func (f *fleet) finished(r *request, holder *pod) {
 	if f.onDone != nil {
 		f.onDone()
 	}
 	if f.spec.finished != nil {
 		f.spec.finished(f, r)
 	}
+	if r.answer == nil {
+		return
+	}
+	f.clk.after(f.cost().FirstToken+r.decodeTime, func() {
+		if f.err != nil {
+			return
+		}
+		a := &request{name: r.name + "-answer", prefix: r.answer}
+		ch, err := f.eng.prefix(r.answer)
+		if err != nil {
+			f.fail(err)
+			return
+		}
+		a.eng.keys = ch.keys
+		n := len(a.eng.keys)
+		holder.store(a, 0, n, index.TierGPU)
+		holder.store(a, 0, n, index.TierCPU)
+		holder.touch(a.eng.keys)
+		holder.flush()
+		if nx := r.next; nx != nil {
+			nx.arrival = f.clk.now + r.gap
+			f.clk.at(nx.arrival, func() { f.arrive(f.ctx, nx) })
+		}
+	})
 }
 
 // warmPrompt caches tokens on the pods, as earlier traffic left them: each

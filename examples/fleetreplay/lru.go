@@ -80,3 +80,15 @@ func (l *lru) insert(k uint64, evicted []uint64) []uint64 {
 	l.pushFront(i)
 	return evicted
 }
+
+// keys returns the held keys, most recently used first.
+func (l *lru) keys() []uint64 {
+	out := make([]uint64, 0, len(l.slot))
+	for i := l.next[0]; i != 0; i = l.next[i] {
+		out = append(out, l.key[i])
+	}
+	return out
+}
+
+// reset empties the tier.
+func (l *lru) reset() { *l = *newLRU(l.cap) }

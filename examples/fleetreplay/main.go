@@ -119,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.minDelta, "min-delta", o.minDelta, "picker threshold: smallest pull worth it, in tokens")
 	fs.IntVar(&o.blockBytes, "block-bytes", o.blockBytes, "bytes of stand-in content per block that pulls move and verify")
 	fs.BoolVar(&o.hashCheck, "hash-check", o.hashCheck, "subscriber rehashes events that start at block 0 and checks agreement")
-	scen := fs.String("scenarios", strings.Join(o.scenarios, ","), "scenarios to run: fork, spill, control, prefetch")
+	scen := fs.String("scenarios", strings.Join(o.scenarios, ","), "scenarios to run: "+strings.Join(scenarioNames(), ", "))
 
 	fs.IntVar(&o.forkBranches, "fork-branches", o.forkBranches, "fork burst: subagents")
 	fs.IntVar(&o.forkPrefix, "fork-prefix", o.forkPrefix, "fork burst: shared prefix tokens")
@@ -146,6 +146,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.controlRate, "control-rate", o.controlRate, "negative control: offered req/s")
 	o.pf.register(fs)
 
+	fs.IntVar(&o.studyScale, "study-scale", o.studyScale, "pd-session, restart-storm, doc-qa, hot-skew, scale-out, router-restart, cpu-restore: divide prompts and caches by this, the cost models scaled to charge the same seconds (1: published sizes)")
+	fs.IntVar(&o.pdConversations, "pd-conversations", o.pdConversations, "pd-session and cpu-restore: conversations")
+	fs.IntVar(&o.pdTurnsMax, "pd-turns-max", o.pdTurnsMax, "pd-session, restart-storm, cpu-restore: most turns per conversation (at least 4)")
+	fs.IntVar(&o.stormConversations, "storm-conversations", o.stormConversations, "restart-storm: conversations")
+	fs.Float64Var(&o.stormAt, "storm-at", o.stormAt, "restart-storm: seconds until the prefill pods restart")
+	fs.IntVar(&o.docs, "docs", o.docs, "doc-qa: documents (one six-turn conversation each)")
+	fs.IntVar(&o.docActive, "doc-active", o.docActive, "doc-qa: conversations at once")
+	fs.IntVar(&o.docPods, "doc-pods", o.docPods, "doc-qa: aggregated pods")
+	fs.Float64Var(&o.skewS, "skew-s", o.skewS, "hot-skew: Zipf exponent of the prefix popularity")
+	fs.Float64Var(&o.skewRate, "skew-rate", o.skewRate, "hot-skew: offered req/s")
+	fs.Float64Var(&o.scaleJoin, "scale-join", o.scaleJoin, "scale-out: seconds until the cold pod joins")
+	fs.Float64Var(&o.routerAt, "router-at", o.routerAt, "router-restart: seconds until the router restarts")
 	fs.BoolVar(&o.samePods, "same-pods", false, "place each request of the P2P arm on the pod the baseline arm's router chose (default: both arms run the placement policy live)")
 	fs.StringVar(&o.outDir, "out", o.outDir, "directory for the plots")
 	fs.StringVar(&o.jsonPath, "json", "", "also write every table as JSON to this file")
@@ -257,10 +269,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // plotScenario draws one plot per rate of a scenario.
 func plotScenario(dir string, s *scenarioResult) error {
+	if s.plot != nil {
+		paths, err := s.plot(dir, s)
+		s.Plots = append(s.Plots, paths...)
+		return err
+	}
 	for i := 0; i+1 < len(s.Arms); i += 2 {
 		arms := s.Arms[i : i+2]
-		base, title := s.Name, strings.SplitN(s.Title, ":", 2)[0]
-		if arms[0].Rate > 0 {
+		base, title := s.Name, s.Title
+		if v := arms[0].Variant; v != "" {
+			base = s.Name + "-" + strings.ReplaceAll(v, " ", "-")
+			title = fmt.Sprintf("%s, %s", strings.SplitN(s.Title, ":", 2)[0], v)
+		} else if arms[0].Rate > 0 {
 			base = fmt.Sprintf("%s-%grps", s.Name, arms[0].Rate)
 			title = fmt.Sprintf("%s, %g req/s", title, arms[0].Rate)
 		}

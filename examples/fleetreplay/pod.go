@@ -34,7 +34,8 @@ type pod struct {
 	// computing (or loading) gets those blocks as hits once they are in,
 	// rather than computing them a second time.
 	pending map[uint64]*landing
-	load    int // requests admitted and not finished: the router's queue depth
+	load    int  // requests admitted and not finished: the router's queue depth
+	down    bool // not yet taking requests (a pod about to join)
 	out     events.Batch
 	removed [2][]uint64 // scratch: evicted GPU and CPU keys
 	fresh   []bool      // scratch: which blocks a store newly inserts
@@ -48,7 +49,7 @@ type landing struct {
 func (p *pod) holder() index.Holder { return index.Holder{Pod: p.name} }
 
 // computes reports whether the router can place prefills on p.
-func (p *pod) computes() bool { return p.role != roleDecode }
+func (p *pod) computes() bool { return p.role != roleDecode && !p.down }
 
 // localPrefix returns the number of leading keys p holds in either tier.
 func (p *pod) localPrefix(keys []uint64) int {
@@ -130,6 +131,7 @@ func (p *pod) prefill(r *request, l int) {
 	p.touch(keys[:l])
 	p.flush()
 	r.localBlocks = l - r.pulledBlocks
+	r.cpuRestored = cpuOnly
 	r.computedBlocks = len(keys) - l
 	w := p.expect(keys[l:])
 	work := f.cost().Prefill(l*bs, r.tokens()) + f.cost().CPULoad*float64(cpuOnly*bs)
@@ -149,14 +151,16 @@ func (p *pod) finish(r *request) {
 	p.load--
 	r.ttft = f.clk.now + f.cost().FirstToken - r.arrival
 	r.done = true
+	holder := p
 	if r.decode != nil {
 		d := r.decode
 		n := len(r.eng.keys)
 		d.store(r, 0, n, index.TierGPU)
 		d.store(r, 0, n, index.TierCPU)
 		d.flush()
+		holder = d
 	}
-	f.finished(r)
+	f.finished(r, holder)
 }
 
 // touch marks keys most recently used, the first key last so that eviction
@@ -187,6 +191,15 @@ func (p *pod) store(r *request, from, to int, tier string) {
 	for i := from; i < to; i++ {
 		p.fresh = append(p.fresh, !cache.has(keys[i]))
 	}
+	// The held blocks of the run become most recently used before any
+	// insert, so that inserting the run's new blocks cannot evict them:
+	// an evicted held block would be published removed and, not being
+	// new, never stored again, though the tier holds it.
+	for i := to - 1; i >= from; i-- {
+		if !p.fresh[i-from] {
+			cache.touch(keys[i])
+		}
+	}
 	removed := p.removed[ti][:0]
 	for i := to - 1; i >= from; i-- {
 		removed = cache.insert(keys[i], removed)
@@ -213,10 +226,16 @@ func (p *pod) store(r *request, from, to int, tier string) {
 		e := p.event(events.EventBlockStored, tier)
 		e.BlockHashes = append(e.BlockHashes, keys[a:b]...)
 		if a > 0 {
-			e.Parent, e.HasParent = keys[a-1], true
+			e.Parent = events.Some(keys[a-1])
 		}
 		e.TokenIDs = r.appendTokens(e.TokenIDs, a*bs, b*bs)
 		e.BlockSize = bs
+		if salt := r.prefix.rootSalt(); salt != "" && a == 0 {
+			// vLLM's cache_salt is block 0's extra key.
+			extra := make([][]byte, b-a)
+			extra[0] = saltExtraKeys(salt)
+			e.ExtraKeys = events.Some(extra)
+		}
 		if tier == index.TierCPU {
 			f.sdk.offloaded(p, r, a, b)
 		}
@@ -281,4 +300,27 @@ func (p *pod) pull(r *request, o *pullOrder, from int, then func()) {
 			then()
 		})
 	})
+}
+
+// restart is the engine restarting: both tiers come back empty, which the
+// pod publishes as the removal of every block it held, and its P2P source
+// stops serving them.
+func (p *pod) restart() {
+	for ti, tier := range []string{index.TierGPU, index.TierCPU} {
+		cache := p.gpu
+		if ti == 1 {
+			cache = p.cpu
+		}
+		keys := cache.keys()
+		if len(keys) == 0 {
+			continue
+		}
+		e := p.event(events.EventBlockRemoved, tier)
+		e.BlockHashes = append(e.BlockHashes, keys...)
+		if ti == 1 {
+			p.f.sdk.evicted(p, keys)
+		}
+		cache.reset()
+	}
+	p.flush()
 }

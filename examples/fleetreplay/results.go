@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -15,6 +16,7 @@ import (
 type armResult struct {
 	Scenario   string  `json:"scenario"`
 	Arm        string  `json:"arm"`
+	Variant    string  `json:"variant,omitempty"`
 	Rate       float64 `json:"rate"` // offered req/s; 0 for the burst
 	Requests   int     `json:"requests"`
 	P50        float64 `json:"p50_s"`
@@ -33,14 +35,18 @@ type armResult struct {
 	BytesMoved    int64 `json:"bytes_moved"`
 	// Blocks of all requests by where they came from.
 	LocalBlocks    int            `json:"local_blocks"`
+	CPURestored    int            `json:"cpu_restored_blocks"`
 	ComputedBlocks int            `json:"computed_blocks"`
 	Decisions      map[string]int `json:"decisions,omitempty"`
 	// Utilisation is the share of time the computing pods had a prefill
 	// running, averaged over them, from the first arrival to the last
 	// first token.
-	Utilisation float64    `json:"compute_utilisation"`
-	Transfer    string     `json:"transfer"`
-	Events      eventStats `json:"events"`
+	Utilisation float64 `json:"compute_utilisation"`
+	// Figures are the scenario's own measures (time to useful TTFT, pulls
+	// in the first second after a restart, ...), by name.
+	Figures  map[string]float64 `json:"figures,omitempty"`
+	Transfer string             `json:"transfer"`
+	Events   eventStats         `json:"events"`
 
 	ttft    []float64 // per request, in arrival order
 	arrival []float64
@@ -61,6 +67,7 @@ func (a *armResult) finish(reqs []*request) {
 		first = min(first, r.arrival)
 		last = max(last, r.arrival+r.ttft)
 		a.LocalBlocks += r.localBlocks
+		a.CPURestored += r.cpuRestored
 		a.ComputedBlocks += r.computedBlocks
 		a.BlocksPulled += r.pulledBlocks
 	}
@@ -97,6 +104,17 @@ type scenarioResult struct {
 	Setup string       `json:"setup"`
 	Arms  []*armResult `json:"arms"`
 	Plots []string     `json:"plots,omitempty"`
+	// Published are the study's figures as published; Ours the replay's
+	// beside them.
+	Published []string `json:"published,omitempty"`
+	Ours      []string `json:"ours,omitempty"`
+	// Pricing holds the rows of the pricing scenario, which has no arms
+	// of requests.
+	Pricing []pricingRow `json:"pricing,omitempty"`
+
+	ours  func(s *scenarioResult) []string
+	table func(w io.Writer, s *scenarioResult)
+	plot  func(dir string, s *scenarioResult) ([]string, error)
 }
 
 func humanBytes(n int64) string {
@@ -115,11 +133,40 @@ func humanBytes(n int64) string {
 // writeTable prints a scenario's table.
 func writeTable(w io.Writer, s *scenarioResult) {
 	fmt.Fprintf(w, "\n%s\n%s\n\n", s.Title, s.Setup)
+	if s.table != nil {
+		s.table(w, s)
+	} else {
+		writeArms(w, s)
+	}
+	for _, p := range s.Published {
+		fmt.Fprintf(w, "  published: %s\n", p)
+	}
+	for _, p := range s.Ours {
+		fmt.Fprintf(w, "  replay:    %s\n", p)
+	}
+	if len(s.Plots) > 0 {
+		fmt.Fprintf(w, "  plots: %s\n", strings.Join(s.Plots, " "))
+	}
+}
+
+// writeArms prints a scenario's arms, each with its own figures below.
+func writeArms(w io.Writer, s *scenarioResult) {
+	variants := slices.ContainsFunc(s.Arms, func(a *armResult) bool { return a.Variant != "" })
+	first := "rate req/s"
+	if variants {
+		first = "variant"
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "rate req/s\tarm\treqs\tp50 TTFT s\tp90 TTFT s\tp99 TTFT s\tthroughput req/s\tpulls issued\tpulls verified\tbytes moved\t")
+	fmt.Fprintln(tw, first+"\tarm\treqs\tp50 TTFT s\tp90 TTFT s\tp99 TTFT s\tthroughput req/s\tpulls issued\tpulls verified\tbytes moved\t")
 	for _, a := range s.Arms {
 		rate := "burst"
-		if a.Rate > 0 {
+		if a.Scenario != "fork-burst" {
+			rate = "sessions"
+		}
+		switch {
+		case variants:
+			rate = a.Variant
+		case a.Rate > 0:
 			rate = fmt.Sprintf("%g", a.Rate)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t%d\t%s\t\n",
@@ -132,14 +179,29 @@ func writeTable(w io.Writer, s *scenarioResult) {
 			continue
 		}
 		rate := ""
-		if off.Rate > 0 {
+		switch {
+		case off.Variant != "":
+			rate = ", " + off.Variant
+		case off.Rate > 0:
 			rate = fmt.Sprintf(" at %g req/s", off.Rate)
 		}
 		fmt.Fprintf(w, "  P2P%s: p50 %+.0f%%, p90 %+.0f%%, throughput %+.0f%%\n", rate,
 			100*(on.P50/off.P50-1), 100*(on.P90/off.P90-1), 100*(on.Throughput/off.Throughput-1))
 	}
-	if len(s.Plots) > 0 {
-		fmt.Fprintf(w, "  plots: %s\n", strings.Join(s.Plots, " "))
+	for _, a := range s.Arms {
+		if len(a.Figures) == 0 {
+			continue
+		}
+		names := slices.Sorted(maps.Keys(a.Figures))
+		parts := make([]string, len(names))
+		for i, n := range names {
+			parts[i] = fmt.Sprintf("%s %.3g", n, a.Figures[n])
+		}
+		label := a.Arm
+		if a.Variant != "" {
+			label = a.Variant + ", " + a.Arm
+		}
+		fmt.Fprintf(w, "  %s: %s\n", label, strings.Join(parts, ", "))
 	}
 }
 
@@ -168,4 +230,19 @@ func writeTrace(path string, ss []*scenarioResult) error {
 		}
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// pricingRow is one measured length of the pricing scenario.
+type pricingRow struct {
+	Scenario   string  `json:"scenario"`
+	Arm        string  `json:"arm"` // "recompute", "pull" or "pull (cold)"
+	Model      string  `json:"model"`
+	Tokens     int     `json:"tokens"`
+	Millis     float64 `json:"ms"`
+	Published  float64 `json:"published_ms,omitempty"`
+	Verified   int     `json:"pulls_verified,omitempty"`
+	Pulls      int     `json:"pulls,omitempty"`
+	Crossover  float64 `json:"crossover_tokens,omitempty"`
+	Threshold  int     `json:"threshold_tokens,omitempty"`
+	BytesMoved int64   `json:"bytes_moved,omitempty"`
 }

@@ -162,8 +162,8 @@ func (o *options) prefetchScenario() *scenario {
 			"TTFT of every turn after a tool call; P2P on-demand pulls the history when the turn arrives, prefetch during the tool call (a max_tokens=1 completion naming the source); cost model: %d-token prefill %.1f s alone, pull %.1f s",
 			po.systemMin, po.systemMax, po.toolMin, po.toolMax, po.answerMin, po.answerMax, po.gapMin, po.gapMax,
 			po.systemMax, po.cost.Prefill(0, po.systemMax), po.cost.Pull(po.systemMax)),
-		rates: []float64{0},
-		spec: func(_ float64, prefetch bool) *runSpec {
+		points: rates(0),
+		spec: func(_ point, prefetch bool) *runSpec {
 			return o.prefetchSpec(sessions, prefetch)
 		},
 	}

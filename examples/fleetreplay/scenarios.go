@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/kvsource/kvsource/hashing"
@@ -44,16 +45,41 @@ type options struct {
 	cpuBlocks    int
 	spillCost    CostModel
 	controlRate  float64
-	pf           prefetchOptions
-	blockBytes   int
-	hashCheck    bool
-	scenarios    []string
-	outDir       string
-	jsonPath     string
-	tracePath    string
-	samePods     bool
-	cpuProfile   string
-	logger       *slog.Logger
+
+	// The study's further scenarios (study.go).
+	studyScale         int
+	pdConversations    int
+	pdTurnsMax         int
+	stormConversations int
+	stormAt            float64
+	stormWindow        float64
+	docs               int
+	docActive          int
+	docPods            int
+	docSpillAt         int
+	skewS              float64
+	skewRate           float64
+	skewDuration       float64
+	skewSpillAt        int
+	scalePrefixes      int
+	scaleRate          float64
+	scaleDuration      float64
+	scaleJoin          float64
+	routerRate         float64
+	routerDuration     float64
+	routerAt           float64
+	routerSnapshotAge  float64
+	routerReplaySteps  int
+	pf                 prefetchOptions
+	blockBytes         int
+	hashCheck          bool
+	scenarios          []string
+	outDir             string
+	jsonPath           string
+	tracePath          string
+	samePods           bool
+	cpuProfile         string
+	logger             *slog.Logger
 	// audit, when set, sees every pick decision with the pods' true state
 	// (tests).
 	audit        func(r *request, dest *pod, d *picker.Decision)
@@ -92,9 +118,33 @@ func defaultOptions() options {
 		controlRate:  8,
 		pf:           defaultPrefetchOptions(),
 
+		studyScale:         8,
+		pdConversations:    24,
+		pdTurnsMax:         40,
+		stormConversations: 24,
+		stormAt:            60,
+		stormWindow:        30,
+		docs:               192,
+		docActive:          128,
+		docPods:            16,
+		docSpillAt:         2,
+		skewS:              1.2,
+		skewRate:           16,
+		skewDuration:       30,
+		skewSpillAt:        2,
+		scalePrefixes:      32,
+		scaleRate:          10,
+		scaleDuration:      60,
+		scaleJoin:          20,
+		routerRate:         8,
+		routerDuration:     30,
+		routerAt:           15,
+		routerSnapshotAge:  0.5,
+		routerReplaySteps:  16,
+
 		blockBytes: 512,
 		hashCheck:  true,
-		scenarios:  []string{"fork", "spill", "control", "prefetch"},
+		scenarios:  scenarioNames(),
 		outDir:     "out",
 		plots:      true,
 	}
@@ -103,25 +153,75 @@ func defaultOptions() options {
 // scenario is one experiment: how to build each arm's spec.
 type scenario struct {
 	name, title, setup string
-	rates              []float64 // one run pair per rate; {0} for a burst
-	spec               func(rate float64, p2p bool) *runSpec
+	points             []point // one arm pair (without, with P2P) per point
+	spec               func(pt point, p2p bool) *runSpec
+	// published are the study's figures, printed as published; ours
+	// computes the replay's figures to set beside them.
+	published []string
+	ours      func(s *scenarioResult) []string
+	// run, when set, replaces the fleet replay (a scenario without a
+	// router, such as pricing).
+	run func(ctx context.Context, o *options) (*scenarioResult, error)
+}
+
+// point is one condition of a scenario: an offered rate (0 for a burst or a
+// closed loop of sessions), or a named variant.
+type point struct {
+	rate    float64
+	variant string
+}
+
+// rates makes one point per offered rate.
+func rates(rs ...float64) []point {
+	out := make([]point, len(rs))
+	for i, r := range rs {
+		out[i] = point{rate: r}
+	}
+	return out
+}
+
+// registry is every scenario, by its --scenarios name, in the order the
+// default run plays them. A new scenario is one entry here.
+var registry = []struct {
+	name  string
+	build func(o *options) *scenario
+}{
+	{"pricing", (*options).pricingScenario},
+	{"fork", (*options).forkScenario},
+	{"spill", (*options).spillScenario},
+	{"control", (*options).controlScenario},
+	{"pd-session", (*options).pdSessionScenario},
+	{"restart-storm", (*options).restartStormScenario},
+	{"doc-qa", (*options).docQAScenario},
+	{"hot-skew", (*options).hotSkewScenario},
+	{"scale-out", (*options).scaleOutScenario},
+	{"router-restart", (*options).routerRestartScenario},
+	{"cpu-restore", (*options).cpuRestoreScenario},
+	{"prefetch", (*options).prefetchScenario},
+}
+
+func scenarioNames() []string {
+	var out []string
+	for _, e := range registry {
+		out = append(out, e.name)
+	}
+	return out
 }
 
 func (o *options) scenarioList() ([]*scenario, error) {
 	var out []*scenario
 	for _, name := range o.scenarios {
-		switch strings.TrimSpace(name) {
-		case "fork":
-			out = append(out, o.forkScenario())
-		case "spill":
-			out = append(out, o.spillScenario())
-		case "control":
-			out = append(out, o.controlScenario())
-		case "prefetch":
-			out = append(out, o.prefetchScenario())
-		default:
-			return nil, fmt.Errorf("unknown scenario %q (want fork, spill, control, prefetch)", name)
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(registry, func(e struct {
+			name  string
+			build func(o *options) *scenario
+		}) bool {
+			return e.name == name
+		})
+		if i < 0 {
+			return nil, fmt.Errorf("unknown scenario %q (want %s)", name, strings.Join(scenarioNames(), ", "))
 		}
+		out = append(out, registry[i].build(o))
 	}
 	return out, nil
 }
@@ -134,8 +234,13 @@ func (o *options) forkScenario() *scenario {
 		title: fmt.Sprintf("Fork burst: %d subagents fork over a shared %d-token prefix", o.forkBranches, o.forkPrefix),
 		setup: fmt.Sprintf("%d prefill + %d decode pods, %s placement (spill at %d in flight), cost model: %d-token prefill %.1f s alone, pull %.1f s; TTFT = branch start",
 			o.forkPrefill, o.forkDecode, placeSpill, o.forkSpillAt, o.forkPrefix, o.forkCost.Prefill(0, o.forkPrefix), o.forkCost.Pull(o.forkPrefix)),
-		rates: []float64{0},
-		spec: func(_ float64, p2p bool) *runSpec {
+		points:    rates(0),
+		published: []string{"fork burst p90 branch-start TTFT 11.2 s -> 1.6 s; median about 1.2 s in both"},
+		ours: func(s *scenarioResult) []string {
+			off, on := s.Arms[0], s.Arms[1]
+			return []string{fmt.Sprintf("fork burst p90 %.1f s -> %.1f s; median %.1f s / %.1f s", off.P90, on.P90, off.P50, on.P50)}
+		},
+		spec: func(_ point, p2p bool) *runSpec {
 			return &runSpec{
 				scenario: "fork-burst", p2p: p2p, place: placeSpill, spillAt: o.forkSpillAt,
 				prefill: o.forkPrefill, decode: o.forkDecode,
@@ -182,9 +287,18 @@ func (o *options) spillScenario() *scenario {
 		title: fmt.Sprintf("Load spill: %d shared %d-token prefixes, %d aggregated pods, %s placement", o.prefixes, o.prefixTokens, o.pods, placeLoad),
 		setup: fmt.Sprintf("Poisson arrivals for %g s, %d-%d-token suffixes; cache per pod %d GPU + %d CPU blocks; cost model: %d-token prefill %.2f s alone, pull %.2f s",
 			o.duration, o.suffixMin, o.suffixMax, o.gpuBlocks, o.cpuBlocks, o.prefixTokens, o.spillCost.Prefill(0, o.prefixTokens), o.spillCost.Pull(o.prefixTokens)),
-		rates: o.rates,
-		spec: func(rate float64, p2p bool) *runSpec {
-			return o.loadSpec("load-spill", prefixes, rate, p2p, placeLoad)
+		points:    rates(o.rates...),
+		published: []string{"8B load spill: p50 -43% at 8 req/s; +22% achieved throughput at 16 req/s"},
+		ours: func(s *scenarioResult) []string {
+			var out []string
+			for i := 0; i+1 < len(s.Arms); i += 2 {
+				off, on := s.Arms[i], s.Arms[i+1]
+				out = append(out, fmt.Sprintf("at %g req/s: p50 %+.0f%%, achieved throughput %+.0f%%", off.Rate, 100*(on.P50/off.P50-1), 100*(on.Throughput/off.Throughput-1)))
+			}
+			return out
+		},
+		spec: func(pt point, p2p bool) *runSpec {
+			return o.loadSpec("load-spill", prefixes, pt.rate, p2p, placeLoad)
 		},
 	}
 }
@@ -192,12 +306,17 @@ func (o *options) spillScenario() *scenario {
 func (o *options) controlScenario() *scenario {
 	prefixes := sharedPrefixes(o.seed, o.prefixes, o.prefixTokens)
 	return &scenario{
-		name:  "negative-control",
-		title: fmt.Sprintf("Negative control: the load-spill workload under %s placement", placeAffinity),
-		setup: "every request goes to the pod holding its prefix: local hits, so the picker must pull nothing",
-		rates: []float64{o.controlRate},
-		spec: func(rate float64, p2p bool) *runSpec {
-			return o.loadSpec("negative-control", prefixes, rate, p2p, placeAffinity)
+		name:      "negative-control",
+		title:     fmt.Sprintf("Negative control: the load-spill workload under %s placement", placeAffinity),
+		setup:     "every request goes to the pod holding its prefix: local hits, so the picker must pull nothing",
+		points:    rates(o.controlRate),
+		published: []string{"local hit under prefix affinity: no pulls"},
+		ours: func(s *scenarioResult) []string {
+			on := s.Arms[1]
+			return []string{fmt.Sprintf("%d pull decisions, %d pulls, %s moved", on.PullDecisions, on.PullsIssued, humanBytes(on.BytesMoved))}
+		},
+		spec: func(pt point, p2p bool) *runSpec {
+			return o.loadSpec("negative-control", prefixes, pt.rate, p2p, placeAffinity)
 		},
 	}
 }
@@ -228,6 +347,11 @@ func (o *options) validate() error {
 		{o.pods > 0 && o.prefixes > 0, "--pods and --prefixes must be positive"},
 		{o.blockBytes >= 8, "--block-bytes must be at least 8"},
 		{len(o.rates) > 0, "--rates needs a rate"},
+		{o.studyScale >= 1, "--study-scale must be at least 1"},
+		{o.pdConversations > 0 && o.stormConversations > 0 && o.pdTurnsMax >= 4, "conversations must be positive and --pd-turns-max at least 4"},
+		{o.docs > 0 && o.docActive > 0 && o.docPods > 0, "--docs, --doc-active and --doc-pods must be positive"},
+		{o.skewS > 0 && o.skewRate > 0, "--skew-s and --skew-rate must be positive"},
+		{o.stormAt > 0 && o.scaleJoin > 0 && o.scaleJoin < o.scaleDuration && o.routerAt > o.routerSnapshotAge && o.routerAt < o.routerDuration, "restart and join times must fall inside their runs"},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -251,8 +375,18 @@ func (o *options) validate() error {
 
 func cloneRequests(reqs []*request) []*request {
 	out := make([]*request, len(reqs))
+	at := make(map[*request]*request, len(reqs))
 	for i, r := range reqs {
-		out[i] = &request{id: r.id, name: r.name, arrival: r.arrival, prefix: r.prefix, suffix: r.suffix}
+		out[i] = &request{
+			id: r.id, name: r.name, arrival: r.arrival, prefix: r.prefix, suffix: r.suffix,
+			answer: r.answer, decodeTime: r.decodeTime, gap: r.gap, chained: r.chained, turn: r.turn,
+		}
+		at[r] = out[i]
+	}
+	for i, r := range reqs {
+		if r.next != nil {
+			out[i].next = at[r.next]
+		}
 	}
 	return out
 }
@@ -266,16 +400,20 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 		return nil, err
 	}
 	type pair struct {
-		sc   *scenario
-		rate float64
-		off  *runSpec
+		sc  *scenario
+		pt  point
+		off *runSpec
 	}
 	var pairs []pair
 	total := 0
 	for _, sc := range scs {
-		for _, rate := range sc.rates {
-			off := sc.spec(rate, false)
-			pairs = append(pairs, pair{sc, rate, off})
+		if sc.run != nil {
+			pairs = append(pairs, pair{sc: sc})
+			continue
+		}
+		for _, pt := range sc.points {
+			off := sc.spec(pt, false)
+			pairs = append(pairs, pair{sc, pt, off})
 			total += 2 * len(off.reqs)
 		}
 	}
@@ -285,15 +423,25 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 	var out []*scenarioResult
 	var cur *scenarioResult
 	for _, pr := range pairs {
+		if pr.sc.run != nil {
+			res, err := pr.sc.run(ctx, o)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", pr.sc.name, err)
+			}
+			res.Name, res.Title, res.Setup, res.Published = pr.sc.name, pr.sc.title, pr.sc.setup, pr.sc.published
+			out = append(out, res)
+			cur = res
+			continue
+		}
 		if cur == nil || cur.Name != pr.sc.name {
-			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup}
+			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup, Published: pr.sc.published, ours: pr.sc.ours}
 			out = append(out, cur)
 		}
 		offRes, placed, err := runOne(ctx, pr.off, opt, bar, o.audit)
 		if err != nil {
 			return nil, err
 		}
-		on := pr.sc.spec(pr.rate, true)
+		on := pr.sc.spec(pr.pt, true)
 		if o.samePods {
 			on.replay = placed
 		}
@@ -302,6 +450,11 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 			return nil, err
 		}
 		cur.Arms = append(cur.Arms, offRes, onRes)
+	}
+	for _, s := range out {
+		if s.ours != nil {
+			s.Ours = s.ours(s)
+		}
 	}
 	return out, nil
 }

@@ -87,7 +87,7 @@ func newSDKPath(ctx context.Context, f *fleet, opt sdkOptions) (*sdkPath, error)
 	case "", "fake":
 		s.mv = newFakeMover(f.pods, opt.blockBytes, longest)
 	case "p2p":
-		if s.mv, err = newP2PMover(f.pods, opt.blockBytes, longest, f.spec.cpuBlocks, f.eng.h.Config().Seed); err != nil {
+		if s.mv, err = newP2PMover(f.pods, opt.blockBytes, longest, max(f.spec.cpuBlocks, f.spec.decodeCPU), f.eng.h.Config().Seed); err != nil {
 			s.close()
 			return nil, err
 		}
@@ -97,6 +97,34 @@ func newSDKPath(ctx context.Context, f *fleet, opt sdkOptions) (*sdkPath, error)
 	}
 	return s, nil
 }
+
+// restartRouter restarts the router's side: the subscriber and index
+// (cold, or loaded from snapshot when it is not ""), and a picker on the new
+// index. Pulls already ordered go on; the old picker's bookkeeping of them
+// is gone with it, as it would be.
+func (s *sdkPath) restartRouter(ctx context.Context, snapshot string) error {
+	if err := s.ev.restartRouter(ctx, snapshot); err != nil {
+		return err
+	}
+	pk, err := picker.New(picker.Config{
+		Index:               s.ev.index(),
+		BlockSize:           s.f.blockSize,
+		MinCachedTokenDelta: s.f.spec.minDelta,
+		Now:                 s.f.clk.wall,
+	})
+	if err != nil {
+		return err
+	}
+	s.pk = pk
+	return nil
+}
+
+// pushOutReplay leaves the pods' replay buffers (n batches) holding only
+// empty batches.
+func (s *sdkPath) pushOutReplay(ctx context.Context, n int) error { return s.ev.pushOutReplay(ctx, n) }
+
+// snapshot saves the router's index to path.
+func (s *sdkPath) snapshot(ctx context.Context, path string) error { return s.ev.snapshot(ctx, path) }
 
 // p2pAddr is the address of a pod's P2P side channel, as the picker renders
 // it into kv_transfer_params.

@@ -58,13 +58,9 @@ func freeEndpoint() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// StartFleet starts n simulated pods and a router for them.
+// StartFleet starts n simulated pods and a router for them, and returns
+// once the router has applied a batch of every pod.
 func StartFleet(ctx context.Context, n int, log *slog.Logger) (*Fleet, error) {
-	ev, err := freeEndpoint()
-	if err != nil {
-		return nil, err
-	}
-	events := "tcp://" + ev
 	network := fake.New(fake.Config{BlockLen: 256})
 	f := &Fleet{done: make(chan error, 1)}
 	var backends []*Backend
@@ -74,7 +70,7 @@ func StartFleet(ctx context.Context, n int, log *slog.Logger) (*Fleet, error) {
 			f.Close()
 			return nil, err
 		}
-		pod, err := NewSimPod(SimPodConfig{Model: model, Events: events, Network: network, P2PAddr: p2p})
+		pod, err := NewSimPod(SimPodConfig{Model: model, Network: network, P2PAddr: p2p})
 		if err != nil {
 			f.Close()
 			return nil, err
@@ -82,13 +78,39 @@ func StartFleet(ctx context.Context, n int, log *slog.Logger) (*Fleet, error) {
 		f.Pods = append(f.Pods, pod)
 		backends = append(backends, &Backend{Addr: pod.Addr(), P2PPort: pod.P2PPort()})
 	}
-	if f.Router, err = NewRouter(Config{Model: model, Backends: backends, EventsBind: events, MinCachedTokenDelta: 256, Logger: log}); err != nil {
+	var err error
+	if f.Router, err = NewRouter(Config{Model: model, Backends: backends, EventsBind: "tcp://127.0.0.1:0",
+		MinCachedTokenDelta: 256, Logger: log}); err != nil {
 		f.Close()
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	f.cancel = cancel
-	go func() { f.done <- f.Router.Subscriber().Run(sctx) }()
+	sub := f.Router.Subscriber()
+	go func() { f.done <- sub.Run(sctx) }()
+	select {
+	case <-sub.Ready():
+	case err := <-f.done:
+		f.done <- err
+		f.Close()
+		return nil, fmt.Errorf("subscriber: %w", err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	for _, p := range f.Pods {
+		if err := p.ConnectEvents(wctx, sub.Addrs()[0]); err != nil {
+			f.Close()
+			return nil, err
+		}
+		seq, err := p.Ping()
+		if err == nil {
+			err = sub.WaitApplied(wctx, index.Holder{Pod: p.Addr()}, seq)
+		}
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("pod %s's KV events never reached the router: %w", p.Addr(), err)
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		f.Close()
@@ -97,37 +119,24 @@ func StartFleet(ctx context.Context, n int, log *slog.Logger) (*Fleet, error) {
 	f.URL = "http://" + l.Addr().String()
 	f.srv = &http.Server{Handler: f.Router.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = f.srv.Serve(l) }()
-	// A subscription takes a moment to reach each publisher: ping until the
-	// subscriber knows every pod.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(f.Router.Subscriber().Status()) < n {
-		for _, p := range f.Pods {
-			if err := p.Ping(); err != nil {
-				f.Close()
-				return nil, err
-			}
-		}
-		if time.Now().After(deadline) {
-			f.Close()
-			return nil, errors.New("pods' KV events never reached the router")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 	return f, nil
 }
 
 // WaitIndexed waits until the router's index shows pod holding every full
-// block of tokens.
+// block of tokens, checking after each batch of the pod the router applies.
 func (f *Fleet) WaitIndexed(ctx context.Context, pod *SimPod, tokens []uint32) error {
 	keys, err := f.Router.hasher.BlockKeys(nil, hashingRequest(tokens))
 	if err != nil {
 		return err
 	}
-	for f.Router.Index().Run(model, index.Holder{Pod: pod.Addr()}, keys, 0, nil) < len(keys) {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("pod %s's blocks never reached the index: %w", pod.Addr(), ctx.Err())
-		case <-time.After(time.Millisecond):
+	h := index.Holder{Pod: pod.Addr()}
+	for f.Router.Index().Run(model, h, keys, 0, nil) < len(keys) {
+		next := uint64(0)
+		if seq, ok := f.Router.Subscriber().LastSeq(h); ok {
+			next = seq + 1
+		}
+		if err := f.Router.Subscriber().WaitApplied(ctx, h, next); err != nil {
+			return fmt.Errorf("pod %s's blocks never reached the index: %w", pod.Addr(), err)
 		}
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
@@ -48,7 +49,7 @@ type Router struct {
 	model    string
 	hasher   *hashing.Hasher
 	idx      *index.Index
-	sub      *events.Subscriber
+	sub      *zmq.Subscriber
 	pick     *picker.Picker
 	backends []*Backend
 	client   *http.Client
@@ -68,7 +69,8 @@ type Config struct {
 	// is vLLM's default.
 	Hashing hashing.Config
 	// EventsBind is the endpoint the router's subscriber binds and the
-	// engines' publishers connect to, e.g. "tcp://127.0.0.1:5557".
+	// engines' publishers connect to, e.g. "tcp://127.0.0.1:5557"; with
+	// port 0 the subscriber picks a free port (Subscriber().Addrs()).
 	EventsBind string
 	// MinCachedTokenDelta is the picker's pull threshold in tokens; 0 means
 	// the picker's default.
@@ -92,7 +94,10 @@ func NewRouter(cfg Config) (*Router, error) {
 		log = slog.Default()
 	}
 	idx := index.New(index.Config{})
-	sub, err := events.NewSubscriber(events.Config{Sink: idx, Bind: []string{cfg.EventsBind}, Hasher: h, Logger: log})
+	sub, err := zmq.NewSubscriber(zmq.SubscriberConfig{
+		Events: events.Config{Sink: idx, Hasher: h, Logger: log},
+		Bind:   []string{cfg.EventsBind},
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +113,7 @@ func NewRouter(cfg Config) (*Router, error) {
 }
 
 // Subscriber returns the router's KV event subscriber.
-func (rt *Router) Subscriber() *events.Subscriber { return rt.sub }
+func (rt *Router) Subscriber() *zmq.Subscriber { return rt.sub }
 
 // Index returns the router's index.
 func (rt *Router) Index() *index.Index { return rt.idx }

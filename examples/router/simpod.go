@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/transfer"
 	"github.com/kvsource/kvsource/transfer/fake"
@@ -29,7 +30,7 @@ type SimPod struct {
 	srv    *httptest.Server
 	model  string
 	hasher *hashing.Hasher
-	pub    *events.Publisher
+	pub    *zmq.Publisher
 	net    *fake.Network
 	peer   *fake.Peer    // this pod's CPU tier as P2P peers see it
 	p2p    string        // this pod's P2P address on the network
@@ -66,9 +67,6 @@ type remoteSource struct {
 type SimPodConfig struct {
 	Model   string
 	Hashing hashing.Config
-	// Events is the router's subscriber endpoint the pod's publisher
-	// connects to.
-	Events string
 	// Network is the P2P network pods pull through, and P2PAddr this pod's
 	// address on it ("127.0.0.1:port").
 	Network *fake.Network
@@ -87,15 +85,28 @@ func NewSimPod(cfg SimPodConfig) (*SimPod, error) {
 	}
 	p.peer = cfg.Network.AddPeer(cfg.P2PAddr)
 	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
-	p.pub, err = events.NewPublisher(events.PublisherConfig{
-		Endpoint: cfg.Events,
-		Topic:    fmt.Sprintf("kv@%s@%s", p.Addr(), cfg.Model),
+	return p, nil
+}
+
+// ConnectEvents connects the pod's KV event publisher to the router's
+// subscriber endpoint, as vLLM does with a tcp:// endpoint without '*', and
+// returns once the subscription has reached it, so that no batch published
+// afterwards is lost to ZMQ's slow joiner. Call it once, before the pod
+// serves requests.
+func (p *SimPod) ConnectEvents(ctx context.Context, endpoint string) error {
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
+		Connect: endpoint,
+		Topic:   fmt.Sprintf("kv@%s@%s", p.Addr(), p.model),
 	})
 	if err != nil {
-		p.srv.Close()
-		return nil, err
+		return err
 	}
-	return p, nil
+	if err := pub.WaitSubscribed(ctx); err != nil {
+		pub.Close()
+		return fmt.Errorf("pod %s: %w", p.Addr(), err)
+	}
+	p.pub = pub
+	return nil
 }
 
 // Addr returns the pod's HTTP address, "127.0.0.1:port".
@@ -123,16 +134,18 @@ func (p *SimPod) Served() []Served {
 	return append([]Served(nil), p.log...)
 }
 
-// Ping publishes an empty batch, so a subscriber learns of the pod.
-func (p *SimPod) Ping() error {
-	_, err := p.pub.Publish(&events.Batch{})
-	return err
+// Ping publishes an empty batch, so a subscriber learns of the pod, and
+// returns its sequence number.
+func (p *SimPod) Ping() (uint64, error) {
+	return p.pub.Publish(&events.Batch{})
 }
 
 // Close stops the pod.
 func (p *SimPod) Close() {
 	p.srv.Close()
-	p.pub.Close()
+	if p.pub != nil {
+		p.pub.Close()
+	}
 	p.net.RemovePeer(p.p2p)
 }
 
@@ -280,7 +293,7 @@ func (p *SimPod) store(tokens []uint32, blocks []hashing.Block) {
 				}
 			}
 			if i > 0 {
-				e.Parent, e.HasParent = blocks[i-1].Key, true
+				e.Parent = events.Some(blocks[i-1].Key)
 			}
 			e.TokenIDs = tokens[i*bs : j*bs]
 			batch.Events = append(batch.Events, e)

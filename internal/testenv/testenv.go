@@ -7,6 +7,9 @@
 package testenv
 
 import (
+	"bytes"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -92,3 +95,25 @@ func FreePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// SyncBuffer is a bytes.Buffer safe for a logger writing and a test
+// reading it at the same time.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TextLogger is a text slog.Logger writing to w.
+func TextLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }

@@ -377,7 +377,7 @@ func TestPrefixProducerFollowsEndpointEvents(t *testing.T) {
 			for _, e := range tt.events {
 				if e.md.Address != "" && e.typ == datalayer.EventAddOrUpdate {
 					// What the endpoint's engine would have reported.
-					pp.Index().Store(testModel, holderOf(e.md), index.TierGPU, 0, 0, false, []uint64{1, 2})
+					pp.Index().Store(index.Blocks{Model: testModel, Holder: holderOf(e.md), Tier: index.TierGPU, Keys: []uint64{1, 2}})
 				}
 				require.NoError(t, pp.Extract(ctx, datalayer.EndpointEvent{Type: e.typ, Endpoint: datalayer.NewEndpoint(e.md, nil)}))
 				require.Equal(t, e.want, sub.takeCalls())

@@ -103,7 +103,7 @@ func TestRegisteredPluginsLoadTheREADMEConfiguration(t *testing.T) {
 	}
 	keys, err := prefix.Hasher().BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	prefix.Index().Store("gpt", holderOf(holder), index.TierCPU, 0, 0, false, keys)
+	prefix.Index().Store(index.Blocks{Model: "gpt", Holder: holderOf(holder), Tier: index.TierCPU, Keys: keys})
 
 	eps := []scheduling.Endpoint{scheduling.NewEndpoint(holder, nil, nil), scheduling.NewEndpoint(computing, nil, nil)}
 	req := &scheduling.InferenceRequest{RequestID: "r1", TargetModel: "gpt", Headers: map[string]string{},

@@ -80,11 +80,11 @@ func ip(n int) string { return fmt.Sprintf("10.0.0.%d", n) }
 func (w *world) hold(ep scheduling.Endpoint, tier string, from, n int) {
 	w.t.Helper()
 	require.LessOrEqual(w.t, from+n, len(w.keys))
-	var parent uint64
+	var parent index.Parent
 	if from > 0 {
-		parent = w.keys[from-1]
+		parent = index.ParentKey(w.keys[from-1])
 	}
-	w.idx.Store(testModel, holderOf(ep.GetMetadata()), tier, 0, parent, from > 0, w.keys[from:from+n])
+	w.idx.Store(index.Blocks{Model: testModel, Holder: holderOf(ep.GetMetadata()), Tier: tier, Parent: parent, Keys: w.keys[from : from+n]})
 }
 
 func (w *world) request(id string) *scheduling.InferenceRequest {

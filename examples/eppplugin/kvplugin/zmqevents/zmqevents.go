@@ -1,7 +1,7 @@
 //go:build cgo
 
 // Package zmqevents is the prefix producer's KV event transport: vLLM's
-// ZMQ publishers, received by kvsource's events.Subscriber. It is the one
+// ZMQ publishers, received by kvsource's zmq.Subscriber. It is the one
 // part of the plugins that needs cgo (libzmq), and builds only with it, so
 // that `CGO_ENABLED=0 go test ./examples/eppplugin/...` tests the rest. The
 // EPP's main registers the plugins with it:
@@ -14,32 +14,35 @@ import (
 	"strings"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/examples/eppplugin/kvplugin"
 	"github.com/kvsource/kvsource/hashing"
 )
 
 var _ kvplugin.SubscribeFunc = Subscribe
 
-// Subscribe returns an events.Subscriber applying vLLM's KV events to
+// Subscribe returns a zmq.Subscriber applying vLLM's KV events to
 // cfg.Index, keyed by content when cfg.Hasher uses hashing.Content and by
 // the engines' keys, checked against cfg.Hasher, otherwise.
 func Subscribe(cfg kvplugin.SubscriptionConfig) (kvplugin.Subscription, error) {
-	ec := events.Config{
-		Sink:        cfg.Index,
+	sc := zmq.SubscriberConfig{
+		Events: events.Config{
+			Sink:    cfg.Index,
+			Workers: cfg.Workers,
+			Logger:  cfg.Logger,
+		},
 		TopicPrefix: cfg.TopicFilter,
 		Topic:       parseTopic,
-		Workers:     cfg.Workers,
-		Logger:      cfg.Logger,
 	}
 	if cfg.Bind != "" {
-		ec.Bind = []string{cfg.Bind}
+		sc.Bind = []string{cfg.Bind}
 	}
 	if cfg.Hasher != nil && cfg.Hasher.Config().Algo == hashing.Content {
-		ec.ContentKeys = cfg.Hasher
+		sc.Events.ContentKeys = cfg.Hasher
 	} else {
-		ec.Hasher = cfg.Hasher
+		sc.Events.Hasher = cfg.Hasher
 	}
-	return events.NewSubscriber(ec)
+	return zmq.NewSubscriber(sc)
 }
 
 // parseTopic reads llm-d's topic "kv@<host:port>@<model>" and names the pod

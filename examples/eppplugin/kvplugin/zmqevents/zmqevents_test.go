@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/examples/eppplugin/kvplugin"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/common/routing"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/datalayer"
@@ -72,7 +73,7 @@ func TestKVEventsOverZMQReachTheDecision(t *testing.T) {
 	}
 	keys, err := prefix.Hasher().BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: ep, Topic: "kv@10.0.0.1:8000@m"})
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: ep, Topic: "kv@10.0.0.1:8000@m"})
 	require.NoError(t, err)
 	defer pub.Close()
 	batch := &events.Batch{Events: []events.Event{
@@ -80,16 +81,13 @@ func TestKVEventsOverZMQReachTheDecision(t *testing.T) {
 		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "CPU"},
 	}}
 	holder := index.Holder{Pod: "10.0.0.1:8000"}
-	// A connecting publisher's first messages are lost until the
-	// connection is up; storing again is harmless.
-	var perr error
+	// What a publisher sends before the subscription reaches it is lost.
+	require.NoError(t, pub.WaitSubscribed(ctx))
+	_, err = pub.Publish(batch)
+	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		if _, perr = pub.Publish(batch); perr != nil {
-			return true
-		}
 		return prefix.Index().HolderBlocks("m", holder)[index.TierCPU] == len(keys)
-	}, 10*time.Second, 20*time.Millisecond)
-	require.NoError(t, perr)
+	}, 10*time.Second, 5*time.Millisecond)
 
 	md := func(addr string) *datalayer.EndpointMetadata {
 		return &datalayer.EndpointMetadata{Address: addr, Port: "8000"}

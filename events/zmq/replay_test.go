@@ -1,4 +1,4 @@
-package events
+package zmq
 
 import (
 	"encoding/binary"
@@ -9,12 +9,14 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/internal/eventstest"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 // replySender sends one replay reply message; false once the server stops.
-type replySender func(seq uint64, b Batch) bool
+type replySender func(seq uint64, b events.Batch) bool
 
 // startScriptedReplay runs a replay socket that answers a request for seq
 // from 0 with its end marker alone and lets answer reply to any other.
@@ -24,13 +26,13 @@ func startScriptedReplay(t *testing.T, endpoint string, answer func(from uint64,
 		if from > 0 {
 			answer(from, send)
 		}
-		send(^uint64(0), Batch{TS: 1, HasDPRank: true})
+		send(^uint64(0), events.Batch{DPRank: events.Some(0), TS: 1})
 	})
 }
 
 // startStingyReplay runs a replay socket that answers every request with
 // the given batches from seq 0 on, and then never with its end marker.
-func startStingyReplay(t *testing.T, endpoint string, batches ...Batch) {
+func startStingyReplay(t *testing.T, endpoint string, batches ...events.Batch) {
 	t.Helper()
 	serveReplay(t, endpoint, func(_ uint64, send replySender) {
 		for i := range batches {
@@ -69,7 +71,7 @@ func serveReplay(t *testing.T, endpoint string, handle func(from uint64, send re
 				continue
 			}
 			from := binary.BigEndian.Uint64(req[2])
-			send := func(seq uint64, b Batch) bool {
+			send := func(seq uint64, b events.Batch) bool {
 				select {
 				case <-done:
 					return false
@@ -77,7 +79,7 @@ func serveReplay(t *testing.T, endpoint string, handle func(from uint64, send re
 				}
 				var seqb [8]byte
 				binary.BigEndian.PutUint64(seqb[:], seq)
-				_, err := router.SendMessage(req[0], "", seqb[:], AppendBatch(nil, &b, LayoutMap, 0))
+				_, err := router.SendMessage(req[0], "", seqb[:], events.AppendBatch(nil, &b, events.LayoutMap, 0))
 				return err == nil
 			}
 			handle(from, send)
@@ -105,7 +107,7 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 				if !send(from, stored(0, nil, 1)) {
 					return
 				}
-				for seq := from + 1; send(seq, Batch{TS: 1, HasDPRank: true}); seq++ {
+				for seq := from + 1; send(seq, events.Batch{TS: 1, DPRank: events.Some(0)}); seq++ {
 					time.Sleep(5 * time.Millisecond)
 				}
 			},
@@ -114,7 +116,7 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 		{
 			name: "endpoint trickling batches already applied",
 			answer: func(from uint64, send replySender) {
-				for send(from-1, Batch{TS: 1, HasDPRank: true}) {
+				for send(from-1, events.Batch{TS: 1, DPRank: events.Some(0)}) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			},
@@ -127,21 +129,20 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			port, rport, other := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
-			sink := newRecSink()
+			sink := eventstest.NewRecSink()
 			// One worker: the stalled replay would hold the other pod too.
-			s := startSubscriber(t, Config{Sink: sink, Workers: 1, ReplayTimeout: 200 * time.Millisecond,
-				ReplayDeadline: 500 * time.Millisecond})
+			s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Workers: 1, ReplayDeadline: 500 * time.Millisecond}, ReplayTimeout: 200 * time.Millisecond})
 			startScriptedReplay(t, localEP(rport), tc.answer)
 			var drop atomic.Int64
 			drop.Store(-1)
-			p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), Topic: "kv@pod@m",
+			p := newPublisher(t, PublisherConfig{Bind: anyEP(port), Topic: "kv@pod@m",
 				Drop: func(seq uint64) bool { return int64(seq) == drop.Load() }})
-			bystander := newPublisher(t, PublisherConfig{Endpoint: anyEP(other), Topic: "kv@other@m"})
+			bystander := newPublisher(t, PublisherConfig{Bind: anyEP(other), Topic: "kv@other@m"})
 			require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
 			require.NoError(t, s.AddPod("other", localEP(other), ""))
 			warmUp(t, p, s, 0)
 			warmUp(t, bystander, s, 0)
-			seq, err := p.Publish(&Batch{TS: 1, HasDPRank: true})
+			seq, err := p.Publish(&events.Batch{DPRank: events.Some(0), TS: 1})
 			require.NoError(t, err)
 			drop.Store(int64(seq + 1))
 			publish(t, p, stored(0, nil, 1), stored(0, nil, 2))

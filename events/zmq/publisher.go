@@ -1,6 +1,7 @@
-package events
+package zmq
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvsource/kvsource/events"
 )
 
 // ReplayFormat is the reply format of a replay (ROUTER) socket.
@@ -34,19 +37,23 @@ func (f ReplayFormat) String() string {
 // endSeq is the sequence frame of a replay's end marker.
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-// PublisherConfig configures a Publisher. The zero value publishes on vLLM's
-// default endpoint in the map layout without replay.
+// PublisherConfig configures a Publisher. Topic is required; without Bind
+// or Connect the publisher binds vLLM's default endpoint, "tcp://*:5557".
+// It publishes in the map layout without replay by default.
 type PublisherConfig struct {
-	// Endpoint is bound when it holds "*" or "::" or is ipc:// or inproc://,
-	// else connected, as vLLM does. Default "tcp://*:5557".
-	Endpoint string
+	// Bind is the endpoint the PUB socket binds, for subscribers that
+	// connect to the engine (port 0 picks a free port; Addr reports it).
+	// Connect is the endpoint it connects to, a subscriber's bind socket.
+	// At most one is set. (vLLM chooses from the endpoint's form;
+	// BindsEndpoint reproduces its rule.)
+	Bind, Connect string
 	// ReplayEndpoint, when set, is bound by a ROUTER socket answering replay
 	// requests from the last BufferSteps batches.
 	ReplayEndpoint string
 	// Topic is the first frame of every message, e.g. "kv@10.0.0.1:8000@model".
 	Topic string
-	// Layout and Trim are passed to AppendBatch.
-	Layout Layout
+	// Layout and Trim are passed to events.AppendBatch.
+	Layout events.Layout
 	Trim   int
 	// ReplayFormat selects the replay reply format; default ReplayV26.
 	ReplayFormat ReplayFormat
@@ -62,17 +69,27 @@ type PublisherConfig struct {
 // Publisher is a vLLM-compatible KV-event publisher: a PUB socket sending
 // [topic, seq, payload] with seq counting from 0, and an optional ROUTER
 // replay socket. It is safe for concurrent use.
+//
+// Like every ZMQ publisher it drops what it sends before a subscriber's
+// subscription has reached it ("slow joiner"), however the two connect. A
+// caller that must not lose its first batches either waits for
+// WaitSubscribed before publishing, or sets ReplayEndpoint: a Subscriber
+// registered with the replay endpoint (AddPod) fetches the batches before
+// the first one it receives.
 type Publisher struct {
-	cfg   PublisherConfig
-	mu    sync.Mutex // guards pub, seq, buf and ring
-	pub   *zmq.Socket
-	seq   uint64
-	buf   []byte
-	ring  []ringEntry
-	stop  chan struct{}
-	done  chan struct{}
-	close sync.Once
-	err   atomic.Pointer[error]
+	cfg        PublisherConfig
+	mu         sync.Mutex  // guards pub, seq, buf, ring and subscribed
+	pub        *zmq.Socket // XPUB: a PUB that reads its subscriptions
+	addr       string
+	raddr      string
+	subscribed bool
+	seq        uint64
+	buf        []byte
+	ring       []ringEntry
+	stop       chan struct{}
+	done       chan struct{}
+	close      sync.Once
+	err        atomic.Pointer[error]
 }
 
 type ringEntry struct {
@@ -89,8 +106,14 @@ func BindsEndpoint(endpoint string) bool {
 
 // NewPublisher opens the publisher's sockets.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	if cfg.Endpoint == "" {
-		cfg.Endpoint = "tcp://*:5557"
+	if cfg.Topic == "" {
+		return nil, fmt.Errorf("%w: Topic is required (subscribers drop messages without one)", events.ErrConfig)
+	}
+	if cfg.Bind != "" && cfg.Connect != "" {
+		return nil, fmt.Errorf("%w: Bind and Connect both set", events.ErrConfig)
+	}
+	if cfg.Bind == "" && cfg.Connect == "" {
+		cfg.Bind = "tcp://*:5557"
 	}
 	if cfg.BufferSteps <= 0 {
 		cfg.BufferSteps = 10000
@@ -98,22 +121,29 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.HWM <= 0 {
 		cfg.HWM = 100000
 	}
-	pub, err := zmq.NewSocket(zmq.PUB)
+	pub, err := zmq.NewSocket(zmq.XPUB)
 	if err != nil {
-		return nil, fmt.Errorf("events: publisher socket: %w", err)
+		return nil, fmt.Errorf("events/zmq: publisher socket: %w", err)
 	}
 	_ = pub.SetSndhwm(cfg.HWM)
 	_ = pub.SetLinger(time.Second)
-	if BindsEndpoint(cfg.Endpoint) {
-		err = pub.Bind(cfg.Endpoint)
+	endpoint := cfg.Connect
+	if cfg.Bind != "" {
+		endpoint = cfg.Bind
+		err = pub.Bind(endpoint)
 	} else {
-		err = pub.Connect(cfg.Endpoint)
+		err = pub.Connect(endpoint)
 	}
 	if err != nil {
 		pub.Close()
-		return nil, fmt.Errorf("events: publisher endpoint %s: %w", cfg.Endpoint, err)
+		return nil, fmt.Errorf("events/zmq: publisher endpoint %s: %w", endpoint, err)
 	}
-	p := &Publisher{cfg: cfg, pub: pub, ring: make([]ringEntry, cfg.BufferSteps), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Publisher{cfg: cfg, pub: pub, addr: endpoint, ring: make([]ringEntry, cfg.BufferSteps), stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.Bind != "" {
+		if a, err := pub.GetLastEndpoint(); err == nil {
+			p.addr = a
+		}
+	}
 	if cfg.ReplayEndpoint == "" {
 		close(p.done)
 		return p, nil
@@ -127,18 +157,76 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	if err != nil {
 		pub.Close()
-		return nil, fmt.Errorf("events: replay endpoint %s: %w", cfg.ReplayEndpoint, err)
+		return nil, fmt.Errorf("events/zmq: replay endpoint %s: %w", cfg.ReplayEndpoint, err)
+	}
+	p.raddr = cfg.ReplayEndpoint
+	if a, err := router.GetLastEndpoint(); err == nil {
+		p.raddr = a
 	}
 	go p.serveReplay(router)
 	return p, nil
 }
 
+// Addr is the endpoint the PUB socket is bound (with the port a port 0
+// got) or connected to.
+func (p *Publisher) Addr() string { return p.addr }
+
+// ReplayAddr is the endpoint the replay socket is bound to, with the port a
+// port 0 got; "" without replay.
+func (p *Publisher) ReplayAddr() string { return p.raddr }
+
+// WaitSubscribed returns once a subscription matching the topic has reached
+// the publisher, so that what it publishes next is delivered to at least
+// that subscriber, or with ctx's error.
+func (p *Publisher) WaitSubscribed(ctx context.Context) error {
+	const pollEvery = 10 * time.Millisecond
+	for {
+		p.mu.Lock()
+		if p.pub == nil {
+			p.mu.Unlock()
+			return errClosed
+		}
+		p.readSubscriptionsLocked()
+		ok := p.subscribed
+		p.mu.Unlock()
+		if ok {
+			return nil
+		}
+		t := time.NewTimer(pollEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// readSubscriptionsLocked reads the subscription messages the XPUB socket
+// has queued: [1, prefix] subscribes, [0, prefix] unsubscribes. libzmq
+// passes a prefix's subscription up when its first subscriber arrives and
+// its unsubscription when its last one leaves, so the latest of them says
+// whether one is subscribed now.
+func (p *Publisher) readSubscriptionsLocked() {
+	for {
+		msg, err := p.pub.RecvBytes(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		if len(msg) > 0 && msg[0] <= 1 && strings.HasPrefix(p.cfg.Topic, string(msg[1:])) {
+			p.subscribed = msg[0] == 1
+		}
+	}
+}
+
+var errClosed = errors.New("events/zmq: publisher closed")
+
 // Publish encodes b and sends it with the next sequence number, which it
 // returns.
-func (p *Publisher) Publish(b *Batch) (uint64, error) {
+func (p *Publisher) Publish(b *events.Batch) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.buf = AppendBatch(p.buf[:0], b, p.cfg.Layout, p.cfg.Trim)
+	p.buf = events.AppendBatch(p.buf[:0], b, p.cfg.Layout, p.cfg.Trim)
 	return p.sendLocked(p.buf)
 }
 
@@ -152,7 +240,7 @@ func (p *Publisher) PublishPayload(payload []byte) (uint64, error) {
 
 func (p *Publisher) sendLocked(payload []byte) (uint64, error) {
 	if p.pub == nil {
-		return 0, errors.New("events: publisher closed")
+		return 0, errClosed
 	}
 	seq := p.seq
 	p.seq++
@@ -165,13 +253,13 @@ func (p *Publisher) sendLocked(payload []byte) (uint64, error) {
 	var sb [8]byte
 	binary.BigEndian.PutUint64(sb[:], seq)
 	if _, err := p.pub.Send(p.cfg.Topic, zmq.SNDMORE); err != nil {
-		return seq, fmt.Errorf("events: publish seq %d: %w", seq, err)
+		return seq, fmt.Errorf("events/zmq: publish seq %d: %w", seq, err)
 	}
 	if _, err := p.pub.SendBytes(sb[:], zmq.SNDMORE); err != nil {
-		return seq, fmt.Errorf("events: publish seq %d: %w", seq, err)
+		return seq, fmt.Errorf("events/zmq: publish seq %d: %w", seq, err)
 	}
 	if _, err := p.pub.SendBytes(payload, 0); err != nil {
-		return seq, fmt.Errorf("events: publish seq %d: %w", seq, err)
+		return seq, fmt.Errorf("events/zmq: publish seq %d: %w", seq, err)
 	}
 	return seq, nil
 }

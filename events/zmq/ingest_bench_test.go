@@ -1,4 +1,4 @@
-package events
+package zmq
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/testenv"
@@ -18,11 +19,11 @@ import (
 // half a cycle earlier stored, so the index stays bounded while every
 // operation kind is exercised.
 func ingestPayloads(pod int, cycle int) [][]byte {
-	const events, blocks = 32, 16
+	const nEvents, blocks = 32, 16
 	rng := rand.New(rand.NewPCG(uint64(pod), 9))
 	keys := make([][]uint64, cycle)
 	for i := range keys {
-		for range events * blocks {
+		for range nEvents * blocks {
 			keys[i] = append(keys[i], rng.Uint64())
 		}
 	}
@@ -32,13 +33,13 @@ func ingestPayloads(pod int, cycle int) [][]byte {
 	}
 	out := make([][]byte, cycle)
 	for i := range out {
-		b := Batch{TS: 1, HasDPRank: true}
-		for e := range events {
-			b.Events = append(b.Events, Event{Type: EventBlockStored, BlockSize: 16, Medium: "GPU",
+		b := events.Batch{DPRank: events.Some(0), TS: 1}
+		for e := range nEvents {
+			b.Events = append(b.Events, events.Event{Type: events.EventBlockStored, BlockSize: 16, Medium: "GPU",
 				BlockHashes: keys[i][e*blocks : (e+1)*blocks], TokenIDs: tokens})
 		}
-		b.Events = append(b.Events, Event{Type: EventBlockRemoved, Medium: "GPU", BlockHashes: keys[(i+cycle/2)%cycle]})
-		out[i] = AppendBatch(nil, &b, LayoutMap, 0)
+		b.Events = append(b.Events, events.Event{Type: events.EventBlockRemoved, Medium: "GPU", BlockHashes: keys[(i+cycle/2)%cycle]})
+		out[i] = events.AppendBatch(nil, &b, events.LayoutMap, 0)
 	}
 	return out
 }
@@ -67,12 +68,11 @@ func BenchmarkIngest(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			sink := newIngestSink()
 			port := testenv.FreePort(b)
-			s := startSubscriber(b, Config{Sink: sink, Bind: []string{localEP(port)}, Hasher: tc.hasher,
-				Logger: newTextLogger(discard{})})
+			s := startSubscriber(b, SubscriberConfig{Events: events.Config{Sink: sink, Hasher: tc.hasher, Logger: testenv.TextLogger(discard{})}, Bind: []string{localEP(port)}})
 			pubs := make([]*Publisher, pods)
 			payloads := make([][][]byte, pods)
 			for i := range pubs {
-				pubs[i] = newPublisher(b, PublisherConfig{Endpoint: localEP(port), Topic: fmt.Sprintf("kv@pod-%d@m", i)})
+				pubs[i] = newPublisher(b, PublisherConfig{Connect: localEP(port), Topic: fmt.Sprintf("kv@pod-%d@m", i)})
 				payloads[i] = ingestPayloads(i, 64)
 				warmUp(b, pubs[i], s, 0)
 			}
@@ -133,4 +133,4 @@ type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
-func newIngestSink() Sink { return index.New(index.Config{}) }
+func newIngestSink() events.Sink { return index.New(index.Config{}) }

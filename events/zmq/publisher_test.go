@@ -1,4 +1,4 @@
-package events
+package zmq
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ func TestPublisherWireFormat(t *testing.T) {
 		t.Run(format.String(), func(t *testing.T) {
 			t.Parallel()
 			port, rport := testenv.FreePort(t), testenv.FreePort(t)
-			p := newPublisher(t, PublisherConfig{Endpoint: anyEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@p@m",
+			p := newPublisher(t, PublisherConfig{Bind: anyEP(port), ReplayEndpoint: localEP(rport), Topic: "kv@p@m",
 				ReplayFormat: format, BufferSteps: 3})
 			sub, err := zmq.NewSocket(zmq.SUB)
 			require.NoError(t, err)
@@ -39,7 +40,7 @@ func TestPublisherWireFormat(t *testing.T) {
 			// Publish until the subscription is up; remember the first seq seen.
 			var frames [][]byte
 			require.Eventually(t, func() bool {
-				_, err := p.Publish(&Batch{TS: 2, Events: []Event{{Type: EventAllBlocksCleared}}})
+				_, err := p.Publish(&events.Batch{TS: 2, Events: []events.Event{{Type: events.EventAllBlocksCleared}}})
 				require.NoError(t, err)
 				frames, err = sub.RecvMessageBytes(0)
 				return err == nil
@@ -47,14 +48,15 @@ func TestPublisherWireFormat(t *testing.T) {
 			require.Len(t, frames, 3)
 			require.Equal(t, "kv@p@m", string(frames[0]))
 			require.Len(t, frames[1], 8)
-			var b Batch
-			require.NoError(t, NewDecoder().Decode(frames[2], &b))
-			require.Equal(t, EventAllBlocksCleared, b.Events[0].Type)
-			require.False(t, b.HasDPRank)
+			var b events.Batch
+			require.NoError(t, events.NewDecoder().Decode(frames[2], &b))
+			require.Equal(t, events.EventAllBlocksCleared, b.Events[0].Type)
+			_, hasRank := b.DPRank.Get()
+			require.False(t, hasRank)
 
 			var last uint64
 			for range 3 {
-				last, err = p.Publish(&Batch{TS: 3})
+				last, err = p.Publish(&events.Batch{TS: 3})
 				require.NoError(t, err)
 			}
 			require.GreaterOrEqual(t, last, binary.BigEndian.Uint64(frames[1])+1)
@@ -89,7 +91,7 @@ func TestPublisherWireFormat(t *testing.T) {
 				if format == ReplayV26 {
 					require.Equal(t, "kv@p@m", string(reply[1]))
 				}
-				require.NoError(t, NewDecoder().Decode(reply[len(reply)-1], &b))
+				require.NoError(t, events.NewDecoder().Decode(reply[len(reply)-1], &b))
 				seqs = append(seqs, binary.BigEndian.Uint64(seq))
 			}
 			require.Equal(t, []uint64{last - 1, last}, seqs)
@@ -127,6 +129,6 @@ func TestReplayEndpointOfARankFollowsVLLMsPortRule(t *testing.T) {
 		{source{perRank: true}, 1, ""},
 	}
 	for _, tc := range tests {
-		require.Equal(t, tc.want, replayFor(&tc.src, tc.rank), "%+v rank %d", tc.src, tc.rank)
+		require.Equal(t, tc.want, tc.src.endpointFor(tc.rank), "%+v rank %d", tc.src, tc.rank)
 	}
 }

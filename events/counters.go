@@ -1,0 +1,99 @@
+package events
+
+import "sync/atomic"
+
+// counter identifies one of the processor's counters.
+type counter int
+
+const (
+	cMessages counter = iota
+	cBadMessages
+	cBatches
+	cEvents
+	cBlocks
+	cUnknown
+	cDecodeErrors
+	cGaps
+	cReplays
+	cReplayErrors
+	cReplayTimeouts
+	cReplayed
+	cReplayRounds
+	cReplayRecovered
+	cUnrecovered
+	cRestarts
+	cDups
+	cQueueFull
+	cHashChecks
+	cHashMismatches
+	cUnresolved
+	cTokenless
+	cEmptyTopic
+	cUnknownTopic
+	cNoModel
+	cZeroParents
+	cHolderLimit
+	cChunkedOffload
+	numCounters
+)
+
+// counters holds the processor's counters, and each holder's.
+type counters [numCounters]atomic.Uint64
+
+// Counter is one of the processor's counters. Each is defined once, in
+// Counters, from which Stats, HolderStatus and the service's Prometheus
+// metrics are rendered.
+type Counter struct {
+	// Name is the counter's snake_case name; Prometheus exports it as
+	// kvsource_events_<Name>_total.
+	Name string
+	// Help says what it counts.
+	Help string
+	// Stat returns the counter's field in a Stats.
+	Stat func(*Stats) *uint64
+	// Holder returns its field in a HolderStatus; nil when it is counted
+	// only globally.
+	Holder func(*HolderStatus) *uint64
+	id     counter
+}
+
+// Counters lists every counter of a Processor, in Stats order.
+var Counters = []Counter{
+	{"messages", "Event messages received.", func(s *Stats) *uint64 { return &s.Messages }, nil, cMessages},
+	{"bad_messages", "Messages dropped for a wrong frame count, sequence frame or topic.", func(s *Stats) *uint64 { return &s.BadMessages }, nil, cBadMessages},
+	{"batches", "Event batches applied, live and replayed.", func(s *Stats) *uint64 { return &s.Batches }, nil, cBatches},
+	{"events", "Events applied.", func(s *Stats) *uint64 { return &s.Events }, nil, cEvents},
+	{"blocks", "Blocks in applied BlockStored and BlockRemoved events.", func(s *Stats) *uint64 { return &s.Blocks }, nil, cBlocks},
+	{"unknown_events", "Events of unknown type, skipped.", func(s *Stats) *uint64 { return &s.UnknownEvents }, nil, cUnknown},
+	{"decode_errors", "Malformed payloads, dropped.", func(s *Stats) *uint64 { return &s.DecodeErrors },
+		func(h *HolderStatus) *uint64 { return &h.DecodeErrors }, cDecodeErrors},
+	{"gaps", "Forward sequence jumps.", func(s *Stats) *uint64 { return &s.Gaps },
+		func(h *HolderStatus) *uint64 { return &h.Gaps }, cGaps},
+	{"replays", "Replay requests answered in full (gaps, resyncs, joins).", func(s *Stats) *uint64 { return &s.Replays },
+		func(h *HolderStatus) *uint64 { return &h.Replays }, cReplays},
+	{"replay_errors", "Replay requests that failed or timed out.", func(s *Stats) *uint64 { return &s.ReplayErrors }, nil, cReplayErrors},
+	{"replay_timeouts", "Of the failed replay requests, those that timed out.", func(s *Stats) *uint64 { return &s.ReplayTimeouts }, nil, cReplayTimeouts},
+	{"replayed_batches", "Batches applied from replay.", func(s *Stats) *uint64 { return &s.Replayed }, nil, cReplayed},
+	{"replay_rounds", "Replay requests repeated because replies were lost in transit.", func(s *Stats) *uint64 { return &s.ReplayRounds }, nil, cReplayRounds},
+	{"replay_recovered_batches", "Batches applied by repeated replay requests.", func(s *Stats) *uint64 { return &s.ReplayRecovered }, nil, cReplayRecovered},
+	{"unrecovered_gaps", "Gaps replay did not close; the gap policy applied.", func(s *Stats) *uint64 { return &s.Unrecovered },
+		func(h *HolderStatus) *uint64 { return &h.Unrecovered }, cUnrecovered},
+	{"restarts", "Engine restarts (sequences going backwards).", func(s *Stats) *uint64 { return &s.Restarts },
+		func(h *HolderStatus) *uint64 { return &h.Restarts }, cRestarts},
+	{"duplicates", "Live batches dropped as already applied from replay.", func(s *Stats) *uint64 { return &s.Duplicates }, nil, cDups},
+	{"queue_full", "Messages dropped because a worker queue, or the queue behind a pod's replay, was full.", func(s *Stats) *uint64 { return &s.QueueFull }, nil, cQueueFull},
+	{"hash_checks", "Hash agreement checks run.", func(s *Stats) *uint64 { return &s.HashChecks },
+		func(h *HolderStatus) *uint64 { return &h.HashChecks }, cHashChecks},
+	{"hash_mismatches", "Hash agreement checks that failed: engine and router hash differently.", func(s *Stats) *uint64 { return &s.HashMismatches },
+		func(h *HolderStatus) *uint64 { return &h.HashMismatches }, cHashMismatches},
+	{"unresolved_blocks", "Content-key mode: blocks whose content key was unknown.", func(s *Stats) *uint64 { return &s.Unresolved }, nil, cUnresolved},
+	{"tokenless_events", "Content-key mode: BlockStored events without token ids whose blocks could not be keyed.", func(s *Stats) *uint64 { return &s.Tokenless },
+		func(h *HolderStatus) *uint64 { return &h.Tokenless }, cTokenless},
+	{"empty_topic", "Of the bad messages, bind-mode messages with vLLM's default empty topic, which names no pod.", func(s *Stats) *uint64 { return &s.EmptyTopic }, nil, cEmptyTopic},
+	{"unknown_topic", "Of the bad messages, bind-mode messages whose topic is not kv@POD@MODEL.", func(s *Stats) *uint64 { return &s.UnknownTopic }, nil, cUnknownTopic},
+	{"no_model", "Of the bad messages, those of a pod whose model neither its topic nor its configuration names.", func(s *Stats) *uint64 { return &s.NoModel }, nil, cNoModel},
+	{"zero_parents", "BlockStored events with parent 0 (llm-d's empty block hash), read as starting a chain.", func(s *Stats) *uint64 { return &s.ZeroParents }, nil, cZeroParents},
+	{"holder_limit", "Messages dropped because their new holder would pass the holder limit.", func(s *Stats) *uint64 { return &s.HolderLimit }, nil, cHolderLimit},
+	{"chunked_offload", "Offload-tier events whose block size differs from the GPU tier's: their CPU-tier lookups undercount.", func(s *Stats) *uint64 { return &s.ChunkedOffload },
+		func(h *HolderStatus) *uint64 { return &h.ChunkedOffload }, cChunkedOffload},
+}

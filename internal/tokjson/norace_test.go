@@ -1,0 +1,5 @@
+//go:build !race
+
+package tokjson
+
+const raceEnabled = false
