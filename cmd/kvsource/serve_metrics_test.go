@@ -60,14 +60,6 @@ func TestServeHashCacheIsOnByDefaultCountsHitsAndTurnsOffWithZero(t *testing.T) 
 	for i := range tokens {
 		tokens[i] = uint32(i)
 	}
-	metric := func(metrics []byte, name string) string {
-		for line := range strings.SplitSeq(string(metrics), "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				return v
-			}
-		}
-		return ""
-	}
 	s, base := startServe(t)
 	require.NotNil(t, s.hashCache)
 	for _, n := range []int{48 * 16, 64 * 16} { // a first turn, then its next
@@ -75,10 +67,10 @@ func TestServeHashCacheIsOnByDefaultCountsHitsAndTurnsOffWithZero(t *testing.T) 
 		require.Equal(t, 200, code, "%s", body)
 	}
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
-	require.Equal(t, "48", metric(metrics, "kvsource_hash_cache_hit_blocks_total"))
-	require.Equal(t, "64", metric(metrics, "kvsource_hash_cache_miss_blocks_total"))
-	require.Equal(t, "0.42857142857142855", metric(metrics, "kvsource_hash_cache_hit_ratio"))
-	require.Equal(t, "2", metric(metrics, "kvsource_hash_cache_chains"))
+	require.Equal(t, "48", serveMetric(metrics, "kvsource_hash_cache_hit_blocks_total"))
+	require.Equal(t, "64", serveMetric(metrics, "kvsource_hash_cache_miss_blocks_total"))
+	require.Equal(t, "0.42857142857142855", serveMetric(metrics, "kvsource_hash_cache_hit_ratio"))
+	require.Equal(t, "2", serveMetric(metrics, "kvsource_hash_cache_chains"))
 
 	s, base = startServe(t, "--hash-cache-bytes", "0")
 	require.Nil(t, s.hashCache)
@@ -89,4 +81,15 @@ func TestServeHashCacheIsOnByDefaultCountsHitsAndTurnsOffWithZero(t *testing.T) 
 
 	_, err := parseServeFlags([]string{"--hash-cache-bytes", "-1"}, io.Discard)
 	require.ErrorContains(t, err, "--hash-cache-bytes")
+}
+
+// serveMetric returns the value of the unlabelled metric name in a
+// /metrics page, "" when absent.
+func serveMetric(metrics []byte, name string) string {
+	for line := range strings.SplitSeq(string(metrics), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
