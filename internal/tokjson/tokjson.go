@@ -38,8 +38,17 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
+	"unsafe"
 )
+
+// littleEndian reports whether a []uint32's memory holds little-endian
+// uint32s, which tokens_b64's bytes then are.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // The member names this package decodes itself.
 const (
@@ -390,6 +399,21 @@ func swarDigits(u uint64) (uint32, int) {
 	return uint32(x), l
 }
 
+func errB64Escape(i int) error {
+	return syntaxErr(i, "tokens_b64 holds a JSON escape or control character")
+}
+
+// b64Err is the error of tokens_b64 value s at offset i that base64
+// refused with err.
+func b64Err(i int, s []byte, err error) error {
+	for _, c := range s {
+		if c < 0x20 || c == '\\' {
+			return errB64Escape(i)
+		}
+	}
+	return fmt.Errorf("%w: tokens_b64: %w", ErrSyntax, err)
+}
+
 // scanB64 decodes the tokens_b64 string at data[i] into dst[:0].
 func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 	if i < len(data) && data[i] == 'n' {
@@ -407,11 +431,11 @@ func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 	}
 	s := data[i+1 : i+1+end]
 	// Base64 needs no JSON escapes, and base64's decoder would skip the
-	// raw newlines a JSON string must not hold.
-	for _, c := range s {
-		if c < 0x20 || c == '\\' {
-			return nil, i, syntaxErr(i, "tokens_b64 holds a JSON escape or control character")
-		}
+	// raw newlines a JSON string must not hold. It refuses every other
+	// control character and '\\', so only the newlines need a look before
+	// decoding; escapes named as such in its error.
+	if bytes.IndexByte(s, '\n') >= 0 || bytes.IndexByte(s, '\r') >= 0 {
+		return nil, i, errB64Escape(i)
 	}
 	enc := base64.StdEncoding
 	if len(s)%4 != 0 {
@@ -420,6 +444,29 @@ func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 	out := dst[:0]
 	if out == nil {
 		out = empty
+	}
+	if littleEndian {
+		// The decoded bytes are the tokens' memory: decode into it.
+		if p := bytes.IndexByte(s, '='); p >= 0 && p < len(s)-2 {
+			return nil, i, syntaxErr(i, "tokens_b64 has padding before its end")
+		}
+		nb := enc.DecodedLen(len(s))
+		if len(s) > 0 && s[len(s)-1] == '=' {
+			nb--
+			if s[len(s)-2] == '=' {
+				nb--
+			}
+		}
+		out = slices.Grow(out, (nb+3)/4)
+		full := out[:cap(out)]
+		n, err := enc.Decode(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(full))), 4*len(full)), s)
+		if err != nil {
+			return nil, i, b64Err(i, s, err)
+		}
+		if n%4 != 0 {
+			return nil, i, syntaxErr(i, "tokens_b64 is not a whole number of uint32s")
+		}
+		return out[:n/4], i + 1 + end + 1, nil
 	}
 	// Decode in chunks through a stack buffer: no byte copy of the prompt.
 	var buf [3 * 256]byte
@@ -432,7 +479,7 @@ func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 		}
 		n, err := enc.Decode(buf[:], chunk)
 		if err != nil {
-			return nil, i, fmt.Errorf("%w: tokens_b64: %w", ErrSyntax, err)
+			return nil, i, b64Err(i, s, err)
 		}
 		off += len(chunk)
 		b := buf[:n]
