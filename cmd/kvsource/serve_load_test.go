@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -52,14 +54,16 @@ func TestServeLoad(t *testing.T) {
 	for _, lc := range []struct {
 		name    string
 		clients int
+		b64     bool
 		args    []string
 	}{
-		{"hash cache on, 8 clients", 8, nil},
-		{"hash cache off, 8 clients", 8, []string{"--hash-cache-bytes", "0"}},
-		{"hash cache on, 32 clients", 32, nil},
+		{"JSON tokens, hash cache on, 8 clients", 8, false, nil},
+		{"JSON tokens, hash cache off, 8 clients", 8, false, []string{"--hash-cache-bytes", "0"}},
+		{"tokens_b64, hash cache on, 8 clients", 8, true, nil},
+		{"JSON tokens, hash cache on, 32 clients", 32, false, nil},
 	} {
 		t.Run(lc.name, func(t *testing.T) {
-			rows = append(rows, fmt.Sprintf("| %s | %s |", lc.name, serveLoadRun(t, bin, lc.clients, lc.args)))
+			rows = append(rows, fmt.Sprintf("| %s | %s |", lc.name, serveLoadRun(t, bin, lc.clients, lc.b64, lc.args)))
 		})
 	}
 	fmt.Printf("\n| case | picks/s | p50 ms | p99 ms | ingest blocks/s | hash-cache hit ratio |\n|---|---|---|---|---|---|\n")
@@ -69,7 +73,7 @@ func TestServeLoad(t *testing.T) {
 }
 
 // serveLoadRun runs one case and returns its table cells.
-func serveLoadRun(t *testing.T, bin string, clients int, args []string) string {
+func serveLoadRun(t *testing.T, bin string, clients int, b64 bool, args []string) string {
 	bindPort := testenv.FreePort(t)
 	bind := fmt.Sprintf("tcp://127.0.0.1:%d", bindPort)
 	srv := startServeBinary(t, bin, append([]string{"--events-bind", bind}, args...)...)
@@ -92,6 +96,7 @@ func serveLoadRun(t *testing.T, bin string, clients int, args []string) string {
 	r := rand.New(rand.NewPCG(14, 2))
 	bodies := make([][]byte, clients)
 	offsets := make([]int, clients)
+	turnTokens := make([][]uint32, clients)
 	for c := range clients {
 		tokens := make([]uint32, serveLoadTokens)
 		for i := range tokens {
@@ -118,6 +123,18 @@ func serveLoadRun(t *testing.T, bin string, clients int, args []string) string {
 				b.WriteByte(',')
 			}
 			fmt.Fprintf(&b, `{"pod":"10.9.0.%d:8000","waiting":%d}`, p, p)
+		}
+		if b64 {
+			// A turn rewrites tokens 19,455 to 19,457, whose 12 bytes are
+			// 16 base64 characters of their own (19,455 * 4 is a multiple
+			// of 3).
+			turnTokens[c] = tokens[serveLoadStable-1 : serveLoadStable+2]
+			b.WriteString(`],"tokens_b64":"`)
+			offsets[c] = b.Len() + (serveLoadStable-1)*4/3*4
+			b.WriteString(serveB64(tokens))
+			b.WriteString(`"}`)
+			bodies[c] = b.Bytes()
+			continue
 		}
 		b.WriteString(`],"tokens":[`)
 		for i, tok := range tokens {
@@ -164,7 +181,17 @@ func serveLoadRun(t *testing.T, bin string, clients int, args []string) string {
 				if now.After(stopAt) || issued.Add(1) > serveLoadMaxRequests {
 					return
 				}
-				copy(body[off:], strconv.Itoa(100000+(c*7919+turn)%900000))
+				if b64 {
+					var raw [12]byte
+					tt := turnTokens[c]
+					tt[0] = uint32(c*7919+turn) % 150000
+					for k, tok := range tt {
+						binary.LittleEndian.PutUint32(raw[4*k:], tok)
+					}
+					base64.StdEncoding.Encode(body[off:off+16], raw[:])
+				} else {
+					copy(body[off:], strconv.Itoa(100000+(c*7919+turn)%900000))
+				}
 				t0 := time.Now()
 				resp, err := client.Post(srv.base+"/v1/pick", "application/json", bytes.NewReader(body))
 				var out []byte
