@@ -34,7 +34,9 @@ import (
 //	                 "hash_mismatches", "tokenless_events", "state", "inflight_pulls"}]}
 //	GET  /metrics   Prometheus; GET /healthz
 //
-// A candidate without "dp_rank" stands for every rank of its pod. Errors
+// A prompt's "tokens" may come as "tokens_b64" instead: base64 (standard,
+// padded) of the token ids as little-endian uint32s. A candidate without
+// "dp_rank" stands for every rank of its pod. Errors
 // are {"error"}: 400 for a bad request, 405 for another method, 404 for an
 // unknown path and for /v1/score of a model the index knows no holder of
 // while it knows others, which /v1/pick answers with reason
