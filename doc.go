@@ -13,7 +13,8 @@
 //
 //	hashing   block keys of a prompt, bit-identical to vLLM
 //	events    vLLM's KV events, with gap detection and replay, any transport
-//	          (events/zmq: vLLM's ZMQ stream)
+//	          (events/zmq: vLLM's ZMQ stream; events/natsstream: router
+//	          replicas sharing one stream on NATS JetStream)
 //	index     which holder (pod, rank) holds which block in which tier
 //	picker    prefix scores and the pull decision
 //	transfer  moving blocks: vLLM's P2P protocol, NIXL, an in-memory fake

@@ -135,6 +135,21 @@ type Config struct {
 	MaxHolders int
 	// Logger receives the processor's logs; default slog.Default().
 	Logger *slog.Logger
+	// Tap, when set, is called with every batch just before it applies,
+	// live or replayed, in the order each holder applies them: gaps
+	// repaired, duplicates dropped. A relay forwards these to a shared
+	// log, whose consumers run the same sequencing over them. It runs on
+	// the holder's worker, so a slow Tap delays that worker's pods; the
+	// payload is valid only during the call.
+	Tap func(TapBatch)
+}
+
+// TapBatch is one batch as Config.Tap sees it.
+type TapBatch struct {
+	Model, Pod string
+	Rank       int
+	Seq        uint64
+	Payload    []byte
 }
 
 // Message is one batch a transport received: [topic, seq, payload] of a

@@ -350,12 +350,12 @@ func (w *worker) handle(m message) {
 		w.offload(m.Pod, func(ow *worker) {
 			// The payload decoded before; only the buffers differ.
 			_ = ow.dec.Decode(m.Payload, &ow.batch)
-			ow.step(h, m.Seq)
+			ow.step(h, m.Seq, m.Payload)
 			ow.closeMessage(m)
 		})
 		return
 	}
-	w.step(h, m.Seq)
+	w.step(h, m.Seq, m.Payload)
 	w.closeMessage(m)
 }
 
@@ -377,9 +377,9 @@ func (w *worker) replays(h *holder, seq uint64) bool {
 	return seq != 0
 }
 
-// step applies w.batch, batch seq of h, after what its sequence number
-// says about the batches before it.
-func (w *worker) step(h *holder, seq uint64) {
+// step applies w.batch, batch seq of h (payload as received), after what
+// its sequence number says about the batches before it.
+func (w *worker) step(h *holder, seq uint64, payload []byte) {
 	switch {
 	case !h.started:
 		h.started = true
@@ -409,7 +409,7 @@ func (w *worker) step(h *holder, seq uint64) {
 		w.p.c[cDups].Add(1)
 		return
 	}
-	w.apply(h, &w.batch, seq)
+	w.apply(h, &w.batch, seq, payload)
 }
 
 // catchUp fetches, when the pod has a replay endpoint, the batches before
@@ -567,7 +567,7 @@ func (w *worker) replayRound(ctx context.Context, h *holder, from, until uint64,
 		fresh = false
 		w.p.c[cReplayed].Add(1)
 		applied++
-		w.apply(h, &w.rbatch, seq)
+		w.apply(h, &w.rbatch, seq, payload)
 		if h.next >= until {
 			answered = true
 			return false
@@ -618,7 +618,11 @@ func (w *worker) replayFailed(h *holder, err error) {
 }
 
 // apply applies one batch of h with sequence number seq to the sink.
-func (w *worker) apply(h *holder, b *Batch, seq uint64) {
+// payload is the batch as received, for Config.Tap.
+func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
+	if tap := w.p.cfg.Tap; tap != nil {
+		tap(TapBatch{Model: h.model, Pod: h.id.Pod, Rank: h.id.Rank, Seq: seq, Payload: payload})
+	}
 	sink := w.p.cfg.Sink
 	var blocks uint64
 	for i := range b.Events {

@@ -91,6 +91,10 @@ type pull struct {
 	load     *holderLoad
 	epoch    uint64
 	released *uint64
+	// fleet, when the picker shares pulls with other replicas, hears of
+	// the release too.
+	fleet Fleet
+	token uint64
 }
 
 // Done tells the picker the pull has finished (or failed), so its source no
@@ -103,6 +107,9 @@ type pull struct {
 func (d *Decision) Done() {
 	if d.pull.load != nil && atomic.CompareAndSwapUint64(d.pull.released, 0, 1) {
 		d.pull.load.release(d.pull.epoch)
+		if d.pull.fleet != nil {
+			d.pull.fleet.Ended(d.pull.token)
+		}
 	}
 }
 
@@ -356,6 +363,9 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 		if c.slot != nil {
 			c.weight += float64(c.slot.count(now))
 		}
+		if p.fleet != nil {
+			c.weight += float64(p.fleet.Inflight(c.h))
+		}
 		c.weight = 1 / c.weight
 		total += c.weight
 		band[n] = c
@@ -389,5 +399,8 @@ func (p *Picker) Pick(req Request) (Decision, error) {
 	copy(buf, keys[l:l+chosen.gain])
 	d.Missing = buf[:chosen.gain:chosen.gain]
 	d.pull = pull{load: chosen.slot, epoch: now, released: &buf[chosen.gain]}
+	if p.fleet != nil {
+		d.pull.fleet, d.pull.token = p.fleet, p.fleet.Started(chosen.h)
+	}
 	return d, nil
 }

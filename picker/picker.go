@@ -110,6 +110,25 @@ type Config struct {
 	P2PPort int
 	// Now is the clock in-flight pulls expire by. Default time.Now.
 	Now func() time.Time
+	// Fleet, when set, shares in-flight pulls with the pickers of other
+	// router replicas, so that a source's load counts every replica's
+	// pulls and not only this picker's. Nil: this picker's alone.
+	Fleet Fleet
+}
+
+// Fleet shares in-flight pulls among the pickers of several router
+// replicas; natsstream.Fleet implements it over NATS JetStream. Pick calls
+// it on its hot path: every method must return at once (publish in the
+// background) and be safe for concurrent use.
+type Fleet interface {
+	// Started records a pull from h that this picker directed; the token
+	// it returns is passed to Ended when the pull is done.
+	Started(h index.Holder) (token uint64)
+	// Ended records that the pull of token is done.
+	Ended(token uint64)
+	// Inflight returns the pulls from h other pickers have in flight,
+	// the ones this picker directed excluded.
+	Inflight(h index.Holder) int
 }
 
 // Candidate is a holder the router allows as a source, with its load.
@@ -163,6 +182,7 @@ type Picker struct {
 	minSaving   float64
 	p2pPort     int
 	now         func() time.Time
+	fleet       Fleet
 	gran        int64 // in-flight bucket width, ns
 	inflight    inflight
 	seq         atomic.Uint64
@@ -236,6 +256,7 @@ func New(cfg Config) (*Picker, error) {
 		p.p2pPort = DefaultP2PPort
 	}
 	p.now = cfg.Now
+	p.fleet = cfg.Fleet
 	if p.now == nil {
 		p.now = time.Now
 	}

@@ -87,10 +87,14 @@ type serveConfig struct {
 	// leading blocks were hashed recently their rehashing; 0 turns it off.
 	HashCacheBytes  int64
 	ShutdownTimeout time.Duration
+	// ReplayDeadline bounds one pod's whole gap replay (every round).
+	ReplayDeadline time.Duration
 	// ReadTimeout bounds reading a request, body included; WriteTimeout
 	// the time from the end of its headers to the end of the response;
 	// IdleTimeout how long a keep-alive connection waits for the next.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// NATS is the scale-out role (serve_nats.go); zero: standalone.
+	NATS serveNATSConfig
 }
 
 type serveStringList []string
@@ -165,9 +169,11 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
 	fs.Int64Var(&cfg.HashCacheBytes, "hash-cache-bytes", hashing.DefaultCacheBytes, "memory bound of the cache of recent prompts' block keys, which spares a next turn rehashing the blocks an earlier one shares (0: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
+	fs.DurationVar(&cfg.ReplayDeadline, "replay-deadline", 10*time.Second, "how long one pod's gap replay from its engine may take in all, every round included, before the gap counts as lost")
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", 30*time.Second, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
+	cfg.NATS.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvsource serve [--events-bind tcp://HOST:PORT]...")
 		fmt.Fprintln(stderr, "                      [--events-connect POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]]...")
@@ -218,6 +224,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
 	cfg.Seed, cfg.SeedSet = seed.value, seed.set
+	if err := cfg.NATS.check(&cfg); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
 }
 

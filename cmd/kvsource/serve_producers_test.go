@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -350,8 +351,12 @@ func TestServeEmptyTopicTakesTheModelFromTheFlag(t *testing.T) {
 	code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Contains(t, string(body), `"matched_blocks":4`)
-	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
-	require.Regexp(t, `kvsource_events_no_model_total [1-9]`, string(metrics))
+	// The second pod's message travels on its own connection: it may
+	// come after the first pod's is applied.
+	require.Eventually(t, func() bool {
+		_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+		return regexp.MustCompile(`kvsource_events_no_model_total [1-9]`).Match(metrics)
+	}, 10*time.Second, 10*time.Millisecond)
 	require.Contains(t, logs.String(), "pod=10.0.5.2:8000")
 	require.Contains(t, logs.String(), "model=MODEL")
 }

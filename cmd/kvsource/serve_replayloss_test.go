@@ -82,7 +82,10 @@ func runReplayLoss(t testing.TB) replayLossResult {
 		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replay), Topic: "kv@" + pod.Pod + "@m"})
 	require.NoError(t, err)
 	defer p.Close()
-	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--block-size", fmt.Sprint(replayLossBlockSize),
+	// The deadline is the service's bound on one replay, not what the
+	// scenario measures: the race detector and a loaded machine slow the
+	// rounds several times over.
+	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--block-size", fmt.Sprint(replayLossBlockSize), "--replay-deadline", "50s",
 		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", pod.Pod, port, replay)}, io.Discard)
 	require.NoError(t, err)
 	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))

@@ -58,6 +58,7 @@ type serveService struct {
 	// snapSeqs are the sequence numbers the snapshot was loaded with; read
 	// only after start-up.
 	snapSeqs map[index.Holder]uint64
+	nats     *serveNATS // nil: standalone
 }
 
 type serveInflightPull struct {
@@ -79,10 +80,16 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
-	if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
+	if s.nats, err = newServeNATS(cfg, log); err != nil {
 		return nil, err
 	}
-	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content"}
+	if s.nats != nil && s.nats.replica != nil {
+		s.idx = s.nats.replica.Index()
+	} else if s.idx, s.snapSeqs, err = serveLoadSnapshot(cfg.Snapshot, log); err != nil {
+		return nil, err
+	}
+	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
+		ReplayDeadline: cfg.ReplayDeadline, Tap: s.nats.tap()}
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
@@ -100,7 +107,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 			return nil, fmt.Errorf("--events-replay %s: %w", pe.Pod, err)
 		}
 	}
-	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 {
+	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 && cfg.NATS.Role != serveRoleReplica {
 		log.Warn("kvsource serve: no --events-bind or --events-connect: the index changes only by snapshot")
 	}
 	if cfg.HashCacheBytes > 0 {
@@ -108,7 +115,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	}
 	pcfg := picker.Config{
 		Index: s.idx, Hasher: h, HashCache: s.hashCache, MinCachedTokenDelta: cfg.MinCachedTokenDelta,
-		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL,
+		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL, Fleet: s.nats.pickerFleet(),
 	}
 	if cfg.Calibration != "" {
 		cal, err := serveLoadCalibration(cfg.Calibration)
@@ -126,15 +133,13 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	s.initMetrics()
+	s.nats.registerMetrics(s.reg)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/score", s.instrument("/v1/score", s.handleScore))
 	mux.HandleFunc("POST /v1/pick", s.instrument("/v1/pick", s.handlePick))
 	mux.HandleFunc("POST /v1/done", s.instrument("/v1/done", s.handleDone))
 	mux.HandleFunc("GET /v1/pods", s.instrument("/v1/pods", s.handlePods))
-	mux.HandleFunc("GET /healthz", s.instrument("/healthz", func(w http.ResponseWriter, _ *http.Request) error {
-		serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-		return nil
-	}))
+	mux.HandleFunc("GET /healthz", s.instrument("/healthz", s.serveHealthz))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	// Without these a client that stalls mid-body, never reads its answer or
 	// keeps idle connections open holds a connection and its goroutine
@@ -206,6 +211,7 @@ func (s *serveService) Start(ctx context.Context) error {
 	s.subDone = done
 	go func() { done <- s.sub.Run(subCtx) }()
 	go s.forgetExpiredPulls(subCtx)
+	s.nats.start(subCtx)
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("kvsource serve: http", "err", err)
@@ -239,6 +245,7 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it")
 			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop: %w", ctx.Err()))
 		}
+		s.nats.stop()
 		if s.cfg.Snapshot != "" {
 			err = errors.Join(err, s.saveSnapshot())
 		}
@@ -661,6 +668,10 @@ type servePodJSON struct {
 // snapshot brought in whose pod has not published since, as stale with the
 // sequence number it was loaded with.
 func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error {
+	if s.nats != nil && s.nats.replica != nil {
+		s.handleReplicaPods(w, r)
+		return nil
+	}
 	list := s.idx.HolderList()
 	status := s.sub.Status()
 	pods := []servePodJSON{}

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/natsstream"
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/picker"
+)
+
+// kvsource serve --nats URL --role relay|replica scales out over NATS
+// JetStream (package events/natsstream):
+//
+//   - relay: receives the engines' events as a standalone serve does (and
+//     answers the same API from its own index), and appends every batch
+//     to the shared stream. Run two for high availability: one publishes,
+//     the other takes over.
+//   - replica: takes no engine sockets; its index is the stream's, warm
+//     started from the newest shared snapshot, and its picker counts the
+//     other replicas' in-flight pulls. /v1/pods adds a "replica" object
+//     (applied stream sequence, lag in messages and seconds, snapshot age),
+//     /healthz answers 503 while the replica lags more than --nats-max-lag,
+//     and Prometheus gets kvsource_replica_* gauges.
+
+// serveNATSConfig is what the --nats flags configure.
+type serveNATSConfig struct {
+	URL              string
+	Role             string
+	Name             string
+	Stream           string
+	Models           string
+	SnapshotInterval time.Duration
+	MaxLag           time.Duration
+	Replicas         int
+}
+
+const (
+	serveRoleRelay   = "relay"
+	serveRoleReplica = "replica"
+)
+
+func (c *serveNATSConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.URL, "nats", "", "NATS server URL(s), comma-separated, e.g. nats://nats.nats.svc:4222: share the event stream over JetStream")
+	fs.StringVar(&c.Role, "role", "", "with --nats: relay (engines' events to the stream) or replica (stream to this index)")
+	fs.StringVar(&c.Name, "nats-name", "", "this relay's or replica's name in leases and logs (default host name and pid)")
+	fs.StringVar(&c.Stream, "nats-stream", natsstream.DefaultStream, "the JetStream stream; buckets are named after it")
+	fs.StringVar(&c.Models, "nats-models", "", "replica: comma-separated models to consume (sharding by model); default every model")
+	fs.DurationVar(&c.SnapshotInterval, "nats-snapshot-interval", time.Minute, "replica: compete for the snapshot lease and store a shared snapshot this often (0: never)")
+	fs.IntVar(&c.Replicas, "nats-replicas", 1, "JetStream replication of the stream and buckets when this process creates them (3 on a three-node cluster)")
+	fs.DurationVar(&c.MaxLag, "nats-max-lag", natsstream.DefaultMaxLag, "replica: /healthz fails while the replica lags the stream by more")
+}
+
+func (c *serveNATSConfig) check(cfg *serveConfig) error {
+	switch {
+	case c.URL == "" && c.Role == "":
+		return nil
+	case c.URL == "":
+		return errors.New("--role needs --nats")
+	case c.Role != serveRoleRelay && c.Role != serveRoleReplica:
+		return fmt.Errorf("--role must be relay or replica, got %q", c.Role)
+	case c.Role == serveRoleReplica && (len(cfg.EventsBind) > 0 || len(cfg.EventsConnect) > 0 || len(cfg.EventsReplay) > 0):
+		return errors.New("a replica reads the stream: --events-bind, --events-connect and --events-replay are the relay's")
+	case c.Role == serveRoleReplica && cfg.Snapshot != "":
+		return errors.New("a replica shares snapshots through JetStream: --snapshot is for standalone and relay")
+	case c.Replicas < 1:
+		return fmt.Errorf("--nats-replicas must be at least 1, got %d", c.Replicas)
+	case c.MaxLag <= 0:
+		return fmt.Errorf("--nats-max-lag must be positive, got %v", c.MaxLag)
+	}
+	return nil
+}
+
+// serveNATS is a serve's relay or replica; every method is a no-op on nil
+// (no --nats).
+type serveNATS struct {
+	cfg     serveNATSConfig
+	nc      *nats.Conn
+	relay   *natsstream.Relay
+	replica *natsstream.Replica
+	fleet   *natsstream.Fleet
+	wg      sync.WaitGroup
+}
+
+func newServeNATS(cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
+	c := cfg.NATS
+	if c.URL == "" {
+		return nil, nil
+	}
+	n := &serveNATS{cfg: c}
+	var err error
+	n.nc, err = nats.Connect(c.URL, nats.Name("kvsource "+c.Role), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		return nil, fmt.Errorf("--nats %s: %w", c.URL, err)
+	}
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		n.nc.Close()
+		return nil, fmt.Errorf("--nats %s: %w", c.URL, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shared := natsstream.Config{Stream: c.Stream, Replicas: c.Replicas}
+	if c.Role == serveRoleRelay {
+		n.relay, err = natsstream.NewRelay(ctx, natsstream.RelayConfig{Config: shared, JetStream: js, Name: c.Name, Logger: log})
+	} else {
+		var models []string
+		if c.Models != "" {
+			models = strings.Split(c.Models, ",")
+		}
+		n.replica, err = natsstream.Open(ctx, natsstream.ReplicaConfig{Config: shared, JetStream: js, Name: c.Name, Models: models,
+			SnapshotInterval: c.SnapshotInterval, MaxLag: c.MaxLag, Logger: log})
+		if err == nil {
+			n.fleet, err = natsstream.NewFleet(ctx, natsstream.FleetConfig{Config: shared, JetStream: js, Name: c.Name,
+				TTL: cfg.InflightTTL, Logger: log})
+		}
+	}
+	if err != nil {
+		n.nc.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// tap is the subscriber's Config.Tap: the relay's, else none.
+func (n *serveNATS) tap() func(events.TapBatch) {
+	if n == nil || n.relay == nil {
+		return nil
+	}
+	return n.relay.Tap
+}
+
+// pickerFleet is the picker's Config.Fleet: a replica's, else none.
+func (n *serveNATS) pickerFleet() picker.Fleet {
+	if n == nil || n.fleet == nil {
+		return nil
+	}
+	return n.fleet
+}
+
+// start runs the relay, or the replica and its fleet, until ctx is done.
+func (n *serveNATS) start(ctx context.Context) {
+	if n == nil {
+		return
+	}
+	if n.relay != nil {
+		n.wg.Go(func() { _ = n.relay.Run(ctx) })
+	}
+	if n.replica != nil {
+		n.wg.Go(func() { _ = n.replica.Run(ctx) })
+		n.wg.Go(func() { _ = n.fleet.Run(ctx) })
+	}
+}
+
+// stop waits for what start ran (its ctx done) and closes the connection.
+func (n *serveNATS) stop() {
+	if n == nil {
+		return
+	}
+	n.wg.Wait()
+	n.nc.Close()
+}
+
+// healthy is nil unless this is a replica that cannot answer for the fleet.
+func (n *serveNATS) healthy() error {
+	if n == nil || n.replica == nil {
+		return nil
+	}
+	return n.replica.Healthy()
+}
+
+func (s *serveService) serveHealthz(w http.ResponseWriter, _ *http.Request) error {
+	if err := s.nats.healthy(); err != nil {
+		serveWriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "error": err.Error()})
+		return nil
+	}
+	serveWriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+// handleReplicaPods is a replica's /v1/pods: the holders its index has,
+// their in-flight pulls fleet-wide, and the replica's progress.
+func (s *serveService) handleReplicaPods(w http.ResponseWriter, _ *http.Request) {
+	st := s.nats.replica.Status()
+	state := "live"
+	if s.nats.healthy() != nil {
+		state = "stale"
+	}
+	pods := []servePodJSON{}
+	for _, hm := range s.idx.HolderList() {
+		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
+			Blocks: s.holderBlocks(hm.Model, hm.Holder), State: state,
+			InflightPulls: s.pk.Inflight(hm.Holder) + s.nats.fleet.Inflight(hm.Holder)})
+	}
+	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
+		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})
+	})
+	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods, "replica": st})
+}
+
+// registerMetrics adds the relay's or replica's gauges and counters.
+func (n *serveNATS) registerMetrics(reg *prometheus.Registry) {
+	if n == nil {
+		return
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	if r := n.relay; r != nil {
+		reg.MustRegister(
+			gauge("kvsource_relay_leader", "1 while this relay holds the relay lease and publishes.", func() float64 { return b(r.Stats().Leader) }),
+			counter("kvsource_relay_published_total", "Batches the stream stored from this relay.", func() float64 { return float64(r.Stats().Published) }),
+			counter("kvsource_relay_duplicates_total", "Batches the stream already had (another relay's, or a retry).", func() float64 { return float64(r.Stats().Duplicates) }),
+			counter("kvsource_relay_retries_total", "Publishes that failed and were retried.", func() float64 { return float64(r.Stats().Retries) }),
+			counter("kvsource_relay_republished_total", "Kept batches published on taking the lease over.", func() float64 { return float64(r.Stats().Republished) }),
+		)
+	}
+	if r := n.replica; r != nil {
+		f := n.fleet
+		reg.MustRegister(
+			gauge("kvsource_replica_ready", "1 once the replica applied what the stream held when it started.", func() float64 { return b(r.Status().Ready) }),
+			gauge("kvsource_replica_applied_stream_seq", "Stream sequence of the last message applied.", func() float64 { return float64(r.Status().AppliedSeq) }),
+			gauge("kvsource_replica_lag_messages", "Messages of the replica's subjects stored and not applied yet.", func() float64 { return float64(r.Status().LagMessages) }),
+			gauge("kvsource_replica_lag_seconds", "Age of the oldest message not applied yet.", func() float64 { return r.Status().LagSeconds }),
+			gauge("kvsource_replica_snapshot_age_seconds", "Age of the newest snapshot loaded or stored; -1 for none.", func() float64 { return r.Status().SnapshotAgeSeconds }),
+			counter("kvsource_replica_batches_total", "Batches applied from the stream.", func() float64 { return float64(r.Status().Batches) }),
+			counter("kvsource_replica_bad_messages_total", "Stream messages dropped: bad headers or payload.", func() float64 { return float64(r.Status().BadMessages) }),
+			counter("kvsource_replica_gaps_total", "Holder sequence gaps seen in the stream.", func() float64 { return float64(r.Status().Gaps) }),
+			counter("kvsource_replica_restarts_total", "Engine restarts seen in the stream.", func() float64 { return float64(r.Status().Restarts) }),
+			counter("kvsource_replica_snapshots_stored_total", "Shared snapshots this replica stored.", func() float64 { return float64(r.Status().Snapshots) }),
+			gauge("kvsource_fleet_remote_pulls", "Pulls other replicas have in flight.", func() float64 { return float64(f.Stats().Remote) }),
+			counter("kvsource_fleet_dropped_total", "Pull starts and ends not shared: queue full or publish failed.", func() float64 { return float64(f.Stats().Dropped) }),
+		)
+	}
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/internal/testenv"
+)
+
+func startServeNATS(t *testing.T) string {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv.ClientURL()
+}
+
+func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
+	url := startServeNATS(t)
+	port := testenv.FreePort(t)
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Bind: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@10.0.0.1:8000@m"})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+
+	relay, relayURL := startServe(t, "--nats", url, "--role", "relay", "--nats-name", "relay",
+		"--events-connect", fmt.Sprintf("10.0.0.1:8000=tcp://127.0.0.1:%d", port))
+	_, replicaURL := startServe(t, "--nats", url, "--role", "replica", "--nats-name", "replica")
+
+	h, err := hashing.New(hashing.Config{Algo: hashing.SHA256, BlockSize: hashing.DefaultBlockSize})
+	require.NoError(t, err)
+	tokens := make([]uint32, 4*hashing.DefaultBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(i + 7)
+	}
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	score := func(base string) (resp serveScoreResponse) {
+		code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": "m", "tokens": tokens})
+		require.Equal(t, http.StatusOK, code, string(body))
+		require.NoError(t, json.Unmarshal(body, &resp))
+		return resp
+	}
+	// The engine goes on publishing, as one does; the last batch stores
+	// the prompt's blocks.
+	require.Eventually(t, func() bool {
+		_, err := pub.Publish(&events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: hashing.DefaultBlockSize, Medium: "GPU"}}})
+		require.NoError(t, err)
+		r := score(replicaURL)
+		return len(r.Pods) == 1 && r.Pods[0].MatchedBlocks == len(keys)
+	}, 20*time.Second, 50*time.Millisecond)
+	require.Equal(t, score(relayURL), score(replicaURL))
+	require.True(t, relay.nats.relay.Stats().Leader)
+
+	code, body := serveCall(t, "GET", replicaURL+"/healthz", nil)
+	require.Equal(t, http.StatusOK, code, string(body))
+	code, body = serveCall(t, "GET", replicaURL+"/v1/pods", nil)
+	require.Equal(t, http.StatusOK, code)
+	var pods struct {
+		Pods    []servePodJSON `json:"pods"`
+		Replica struct {
+			Ready      bool   `json:"ready"`
+			AppliedSeq uint64 `json:"applied_seq"`
+		} `json:"replica"`
+	}
+	require.NoError(t, json.Unmarshal(body, &pods))
+	require.True(t, pods.Replica.Ready)
+	require.NotZero(t, pods.Replica.AppliedSeq)
+	require.Len(t, pods.Pods, 1)
+	code, body = serveCall(t, "GET", replicaURL+"/metrics", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, string(body), "kvsource_replica_lag_seconds")
+}
+
+func TestServeRejectsNATSFlagsThatCannotWork(t *testing.T) {
+	for _, args := range [][]string{
+		{"--role", "replica"},
+		{"--nats", "nats://127.0.0.1:4222", "--role", "both"},
+		{"--nats", "nats://127.0.0.1:4222", "--role", "replica", "--events-bind", "tcp://*:5557"},
+		{"--nats", "nats://127.0.0.1:4222", "--role", "replica", "--snapshot", "x.snap"},
+	} {
+		_, err := parseServeFlags(args, io.Discard)
+		require.Error(t, err, "%q", args)
+	}
+}

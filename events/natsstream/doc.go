@@ -1,0 +1,83 @@
+// Package natsstream shares one KV-event stream among router replicas
+// through NATS JetStream: relays append engines' batches to a stream,
+// replicas consume it into their own in-memory index, a shared snapshot
+// in the JetStream object store lets a new replica start warm, and a
+// key-value bucket shares in-flight pulls so that replicas spread them
+// fleet-wide.
+//
+//	engines --ZMQ--> relay(s) --> JetStream stream --> replicas (index, picker, HTTP)
+//	                                   |  object store: snapshots
+//	                                   |  KV: relay lease, snapshot lease, in-flight pulls
+//
+// # Relay
+//
+// A relay is a zmq.Subscriber (bind or connect mode, gap repair from the
+// engines' replay, restart detection) whose events.Config.Tap is Relay.Tap:
+// every batch the subscriber applies, in the order it applies them, is
+// stored on subject <prefix>.<model>.<pod> (EscapeToken makes names with
+// ':', '.', '/' subject-safe) with headers Kvs-Model, Kvs-Pod, Kvs-Rank,
+// Kvs-Seq and the engine's payload as it was received. Its Nats-Msg-Id is
+// a hash of model, pod, rank, sequence number and payload: two relays of
+// the same engines compute the same id for the same batch, and a
+// restarted engine reusing a sequence number is not mistaken for its
+// predecessor (its bytes, at least its timestamp, differ).
+//
+// Tap publishes one batch at a time per subject and returns once the
+// stream acknowledged it, retrying with the same id on failure; a retry
+// whose first attempt had in fact been stored is dropped by the stream's
+// duplicate window (Config.DuplicateWindow, two minutes by default: the
+// assumption is that no retry comes later than that). A NATS outage thus
+// holds the subscriber's worker, whose queue then overflows into drops
+// that the subscriber resynchronises from the engines' replay afterwards:
+// nothing is lost while the outage is shorter than the engines' replay
+// buffers.
+//
+// # Ordering
+//
+// A consumer can rely on: each holder's (pod, rank) batches are in the
+// stream in the order the relay's subscriber applied them, without
+// duplicates, gaps being those the relay could not repair either. A
+// replica hands the stream's batches, in order, to an events.Processor
+// (the same sequencing a subscriber runs, without a replay endpoint), so
+// it reaches the state the relay's own subscriber reached: gaps and
+// restarts clear the holder alike. Across subjects, the stream's order is the order of
+// arrival, which nothing should depend on.
+//
+// # Two relays
+//
+// Several relays may subscribe to the same engines; one holds the relay
+// lease (a key in <Stream>_RELAY created with Create and renewed with a
+// revision compare-and-swap, TTL RelayConfig.LeaseTTL) and publishes. The
+// others keep every batch they tap for RelayConfig.Retain (longer than the
+// TTL). On taking the lease, a relay reads each subject's last message and
+// publishes what it kept after it (found by its message id, or else by
+// sequence number), then goes on live; the duplicate window drops what
+// the old holder stored of that, as it does when an old holder that lost
+// the lease still had a publish in flight. A holder stops publishing once
+// it has not renewed for half the TTL, before another can take over. What
+// no relay stores is a gap, which replicas handle as the relays'
+// subscribers would.
+//
+// # Replicas and snapshots
+//
+// Open builds a replica's index from its shard's newest snapshot (objects
+// <Stream>_SNAPSHOTS/index-<shard>-a and -b, written alternately so that
+// a snapshot being read is not the one being replaced; the metadata holds
+// the stream sequence each covers) and Run consumes with an ordered consumer from the
+// next sequence, filtered to ReplicaConfig.Models when it shards by model.
+// With ReplicaConfig.SnapshotInterval set, replicas compete for the
+// shard's snapshot lease; its holder stores a snapshot that often, then
+// purges the shard's messages that the previous snapshot covered. The
+// stream has no age or size limits: only these purges remove messages, so
+// the newest snapshot plus the stream after it always hold the state, and
+// a replica lagging by less than a snapshot interval still finds its next
+// message. A fleet snapshots either per model shard or unsharded, not both:
+// the unsharded holder's purges would remove sharded replicas' history.
+//
+// # Fleet-wide spreading
+//
+// Fleet implements picker.Fleet: each pull a replica's picker directs is
+// a key in <Stream>_PULLS (TTL the picker's in-flight TTL) until it is
+// done, and every replica watches the bucket, so each one's in-flight
+// counts include the others' pulls, a few milliseconds late.
+package natsstream
