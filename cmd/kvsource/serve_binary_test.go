@@ -51,14 +51,14 @@ func (b *serveSyncBuffer) String() string {
 }
 
 // waitLog waits until the process has logged text.
-func (b *serveBinary) waitLog(t *testing.T, text string) {
+func (b *serveBinary) waitLog(t testing.TB, text string) {
 	t.Helper()
 	require.Eventually(t, func() bool { return strings.Contains(b.stderr.String(), text) }, 10*time.Second, 10*time.Millisecond,
 		"no %q in stderr:\n%s", text, b.stderr.String())
 }
 
 // buildServeBinary builds the kvsource command into a temporary directory.
-func buildServeBinary(t *testing.T) string {
+func buildServeBinary(t testing.TB) string {
 	t.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -70,7 +70,7 @@ func buildServeBinary(t *testing.T) string {
 	return bin
 }
 
-func startServeBinary(t *testing.T, bin string, args ...string) *serveBinary {
+func startServeBinary(t testing.TB, bin string, args ...string) *serveBinary {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
@@ -107,7 +107,7 @@ func startServeBinary(t *testing.T, bin string, args ...string) *serveBinary {
 }
 
 // stop sends SIGTERM and requires a clean exit.
-func (b *serveBinary) stop(t *testing.T) {
+func (b *serveBinary) stop(t testing.TB) {
 	t.Helper()
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
 	select {
