@@ -21,8 +21,10 @@ test: deps
 	$(GO) test -race -count=1 -timeout 9m ./...
 
 # Benchmarks and long soaks; see BENCHMARKS.md for the numbers and machine.
+# The load run (TestServeLoad) drives the built kvsource serve on loopback.
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem -timeout 60m ./...
+	KVSOURCE_LOAD=1 $(GO) test ./cmd/kvsource -run '^TestServeLoad$$' -count 1 -v -timeout 10m
 
 demo: deps
 	$(GO) run ./examples/fleetreplay

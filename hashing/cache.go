@@ -1,7 +1,10 @@
 package hashing
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -196,6 +199,26 @@ func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error
 	if c == nil {
 		return h.BlockKeys(dst, req)
 	}
+	return c.blockKeys(nil, h, dst, req)
+}
+
+// BlockKeysContext is BlockKeys that stops when ctx is done, as
+// Hasher.BlockKeysContext does: between the blocks it hashes, returning
+// those hashed so far and an error wrapping ErrStopped. A stopped call
+// remembers nothing; remembered blocks cost no hashing to return.
+func (c *Cache) BlockKeysContext(ctx context.Context, h *Hasher, dst []uint64, req Request) ([]uint64, error) {
+	if c == nil {
+		return h.BlockKeysContext(ctx, dst, req)
+	}
+	keys, err := c.blockKeys(ctx.Done(), h, dst, req)
+	if errors.Is(err, ErrStopped) {
+		err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
+	}
+	return keys, err
+}
+
+// blockKeys is BlockKeys, stopping between blocks once done is closed.
+func (c *Cache) blockKeys(done <-chan struct{}, h *Hasher, dst []uint64, req Request) ([]uint64, error) {
 	c.ready()
 	h.ready()
 	dst = dst[:0]
@@ -204,6 +227,14 @@ func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error
 	d, err := prepare(&req, n, false)
 	if err != nil || n == 0 {
 		return dst, err
+	}
+	if !cacheable(&d, req.Extra) {
+		out := sink{keys: dst, done: done}
+		h.walk(&chain{parent: h.root}, req.Tokens, &d, req.Extra, &out)
+		if out.stopped {
+			return out.keys, fmt.Errorf("%w after %d of %d blocks", ErrStopped, len(out.keys), n)
+		}
+		return out.keys, nil
 	}
 	s := cacheScratchPool.Get().(*cacheScratch)
 	defer cacheScratchPool.Put(s)
@@ -236,7 +267,7 @@ func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error
 		cc.parent = hit.digests[last]
 		cc.pos = (pos + 1) * bs
 	}
-	out := sink{keys: dst}
+	out := sink{keys: dst, done: done}
 	for b := pos + 1; b < n; {
 		end := min((b/checkpointEvery+1)*checkpointEvery, n)
 		var extra [][]ExtraKey
@@ -244,13 +275,16 @@ func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error
 			extra = req.Extra[b:end]
 		}
 		h.walk(&cc, req.Tokens[b*bs:end*bs], &d, extra, &out)
+		if out.stopped {
+			return out.keys, fmt.Errorf("%w after %d of %d blocks", ErrStopped, len(out.keys), n)
+		}
 		if _, ok := entered(end-1, n); ok {
 			ch.digests = append(ch.digests, cc.parent)
 		}
 		b = end
 	}
 	dst = out.keys
-	ch.keys = append(make([]uint64, 0, n), dst...)
+	ch.keys = slices.Clone(dst) // no zeroing before the copy, unlike make
 	his := make([]uint64, 0, n/checkpointEvery+1)
 	for _, k := range s.ck {
 		ch.entries = append(ch.entries, k.Lo)
@@ -263,6 +297,36 @@ func (c *Cache) BlockKeys(h *Hasher, dst []uint64, req Request) ([]uint64, error
 	ch.bytes = chainOverhead + int64(8*n+len(ch.digests)*(len(Digest{}.b)+1)+(8+entryOverhead)*len(ch.entries))
 	c.insert(own, ch, his)
 	return dst, nil
+}
+
+// cacheMaxExtraBytes bounds the extra-key bytes a block may carry for its
+// prompt to be cached: the content pass copies them into every block they
+// cover, so a prompt whose blocks each carry kilobytes (a long LoRA name, a
+// multimodal id over thousands of blocks) would cost the cache its size in
+// memory many times over. Such a prompt is hashed uncached. Real names and
+// ids (a LoRA adapter's name, a salt, a content hash) are far shorter.
+const cacheMaxExtraBytes = 256
+
+// cacheable reports whether every block of a prompt with d and extra carries
+// at most cacheMaxExtraBytes of extra keys (counted generously: every
+// multimodal item as if it covered every block).
+func cacheable(d *derived, extra [][]ExtraKey) bool {
+	n := len(d.lora) + len(d.salt)
+	for _, m := range d.mm {
+		n += len(m.ID)
+	}
+	if n > cacheMaxExtraBytes {
+		return false
+	}
+	for _, block := range extra {
+		m := n
+		for _, k := range block {
+			if m += k.size(); m > cacheMaxExtraBytes {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // contentPass lays out the content of tokens, which are whole blocks, in
@@ -287,9 +351,12 @@ func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *deri
 	b = binary.LittleEndian.AppendUint64(b, uint64(bs))
 	prev := xxh3.Hash128Seed(b, c.seed)
 	b = slices.Grow(b[:0], (n/checkpointEvery+1)*16+n*(4*bs+1))
+	if extra == nil && d.lora == "" && d.salt == "" && len(d.mm) == 0 {
+		c.plainPass(s, tokens, bs, prev, b)
+		return
+	}
 	var ex extraSource
 	var cur mmCursor
-	plain := extra == nil && d.lora == "" && d.salt == "" && len(d.mm) == 0
 	for i := range n {
 		if i%checkpointEvery == 0 {
 			s.hdr = append(s.hdr, int32(len(b)))
@@ -300,22 +367,51 @@ func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *deri
 		o := len(b)
 		b = slices.Grow(b, 4*bs+1)[:o+4*bs] // extra keys may outgrow the estimate
 		putTokens(b[o:], tokens[start:start+bs])
-		if plain {
-			b = append(b, ctNone)
+		s.mm = d.blockExtra(&ex, s.mm, &cur, extra, i, start, bs)
+		if ex.count() > 0 {
+			b = appendContentExtra(b, &ex)
 		} else {
-			s.mm = d.blockExtra(&ex, s.mm, &cur, extra, i, start, bs)
-			if ex.count() > 0 {
-				b = appendContentExtra(b, &ex)
-			} else {
-				b = append(b, ctNone)
-			}
-			if len(d.mm) > 0 {
-				s.cur = append(s.cur, int32(cur.idx))
-			}
+			b = append(b, ctNone)
+		}
+		if len(d.mm) > 0 {
+			s.cur = append(s.cur, int32(cur.idx))
 		}
 		s.end = append(s.end, int32(len(b)))
 		if i%checkpointEvery == checkpointEvery-1 {
 			prev = xxh3.Hash128Seed(b[s.hdr[i/checkpointEvery]:], c.seed)
+			s.ck = append(s.ck, prev)
+		}
+	}
+	s.buf = b
+}
+
+// plainPass is contentPass for a prompt without extra keys, whose layout
+// has a fixed size per block: it writes b, which has the capacity, by
+// offset rather than by appending, about twice as fast. prev is the first
+// segment's header key.
+func (c *Cache) plainPass(s *cacheScratch, tokens []uint32, bs int, prev xxh3.Uint128, b []byte) {
+	n := len(tokens) / bs
+	per := 4*bs + 1
+	segs := (n + checkpointEvery - 1) / checkpointEvery
+	b = b[:segs*16+n*per]
+	s.hdr = slices.Grow(s.hdr, segs)[:segs]
+	s.end = slices.Grow(s.end, n)[:n]
+	o := 0
+	for seg := range segs {
+		h := o
+		s.hdr[seg] = int32(h)
+		binary.LittleEndian.PutUint64(b[o:], prev.Hi)
+		binary.LittleEndian.PutUint64(b[o+8:], prev.Lo)
+		o += 16
+		first, last := seg*checkpointEvery, min((seg+1)*checkpointEvery, n)
+		for i := first; i < last; i++ {
+			putTokens(b[o:o+4*bs], tokens[i*bs:(i+1)*bs])
+			o += per
+			b[o-1] = ctNone
+			s.end[i] = int32(o)
+		}
+		if last-first == checkpointEvery {
+			prev = xxh3.Hash128Seed(b[h:o], c.seed)
 			s.ck = append(s.ck, prev)
 		}
 	}
@@ -414,18 +510,5 @@ func (c *Cache) remove(ch *cachedChain) {
 			delete(s.m, lo)
 		}
 		s.mu.Unlock()
-	}
-}
-
-// putTokens writes tokens into b as uint32 LE, two per 8-byte store: the
-// hash's 8-byte loads then read whole stores, which 4-byte stores made
-// about three times slower.
-func putTokens(b []byte, tokens []uint32) {
-	j := 0
-	for ; j+1 < len(tokens); j += 2 {
-		binary.LittleEndian.PutUint64(b[4*j:], uint64(tokens[j])|uint64(tokens[j+1])<<32)
-	}
-	if j < len(tokens) {
-		binary.LittleEndian.PutUint32(b[4*j:], tokens[j])
 	}
 }

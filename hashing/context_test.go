@@ -69,3 +69,56 @@ func seqTokens(n int) []uint32 {
 	}
 	return t
 }
+
+// Through a cache, a done context stops the blocks the cache must hash and
+// leaves nothing remembered; remembered blocks are returned all the same.
+func TestCacheBlockKeysContextStopsAndRemembersNothing(t *testing.T) {
+	h, err := New(Config{})
+	require.NoError(t, err)
+	c := NewCache(CacheConfig{})
+	turn1 := Request{Tokens: seqTokens(64 * 16)}
+	turn2 := Request{Tokens: seqTokens(128 * 16)}
+	want2, err := h.BlockKeys(nil, turn2)
+	require.NoError(t, err)
+
+	_, err = c.BlockKeys(h, nil, turn1)
+	require.NoError(t, err)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	keys, err := c.BlockKeysContext(done, h, nil, turn2)
+	require.ErrorIs(t, err, ErrStopped)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, want2[:len(keys)], keys, "the keys so far are a prefix of the prompt's")
+	require.GreaterOrEqual(t, len(keys), 64, "the remembered turn is returned")
+	require.Less(t, len(keys), 128)
+
+	before := c.Stats().Chains
+	got, err := c.BlockKeysContext(context.Background(), h, nil, turn2)
+	require.NoError(t, err)
+	require.Equal(t, want2, got)
+	require.Equal(t, before+1, c.Stats().Chains, "only the finished call is remembered")
+}
+
+// A prompt whose blocks carry kilobytes of extra keys is hashed uncached:
+// the content pass would copy them into every block.
+func TestCacheHashesPromptsWithLongExtraKeysUncached(t *testing.T) {
+	h, err := New(Config{})
+	require.NoError(t, err)
+	c := NewCache(CacheConfig{})
+	for _, req := range []Request{
+		{Tokens: seqTokens(256 * 16), LoRAName: strings.Repeat("l", 4096)},
+		{Tokens: seqTokens(256 * 16), MM: []MMItem{{ID: strings.Repeat("i", 300), Offset: 0, Length: 256 * 16}}},
+		{Tokens: seqTokens(4 * 16), Extra: [][]ExtraKey{{Str(strings.Repeat("x", 300))}, nil, nil, nil}},
+	} {
+		want, err := h.BlockKeys(nil, req)
+		require.NoError(t, err)
+		got, err := c.BlockKeys(h, nil, req)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	require.Zero(t, c.Stats().Chains)
+	short := Request{Tokens: seqTokens(4 * 16), LoRAName: "adapter-7", CacheSalt: "tenant"}
+	_, err = c.BlockKeys(h, nil, short)
+	require.NoError(t, err)
+	require.Equal(t, 1, int(c.Stats().Chains), "short names are cached")
+}

@@ -150,3 +150,12 @@ func cloneKeys(keys []ExtraKey) []ExtraKey {
 	}
 	return slices.Clone(keys)
 }
+
+// size is the bytes of k's strings, elements included, plus one a key.
+func (k ExtraKey) size() int {
+	n := 1 + len(k.s)
+	for _, e := range k.elems {
+		n += e.size()
+	}
+	return n
+}

@@ -3,7 +3,9 @@ package picker
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -124,13 +126,20 @@ func benchFleet(tb testing.TB, tokens, holders int) (*Picker, Request) {
 
 // BenchmarkPick decides a 32,768-token prompt (2,048 blocks of 16) over 64
 // holders, with the block keys given and with hashing (vLLM's default
-// sha256) included.
+// sha256) included; hashing-20k is the 20,000-token prompt of
+// cmd/kvsource's BenchmarkServe/pick-20k. hashing-warm is a next turn
+// through a Config.HashCache: each iteration's prompt shares its first
+// 30,720 tokens with earlier ones and has 2,048 new ones; each iteration
+// also runs the uncached Pick of the same prompt right after, so that
+// x-cold, the ratio of the two times, is measured under the same load.
 func BenchmarkPick(b *testing.B) {
 	p, req := benchFleet(b, 32768, 64)
+	hashed := req
+	hashed.Keys = nil
 	for _, bc := range []struct {
 		name string
 		req  Request
-	}{{"keys", req}, {"hashing", func() Request { r := req; r.Keys = nil; return r }()}} {
+	}{{"keys", req}, {"hashing", hashed}} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -143,6 +152,53 @@ func BenchmarkPick(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/pick")
 		})
 	}
+	b.Run("hashing-20k", func(b *testing.B) {
+		p, req := benchFleet(b, 20000, 64)
+		req.Keys = nil
+		b.ReportAllocs()
+		for b.Loop() {
+			d, err := p.Pick(req)
+			if err != nil || d.Reason != ReasonPull {
+				b.Fatal(d.Reason, err)
+			}
+			d.Done()
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/pick")
+	})
+	b.Run("hashing-warm", func(b *testing.B) {
+		const shared = 30720
+		cache := hashing.NewCache(hashing.CacheConfig{})
+		pc, err := New(Config{Index: p.idx, Hasher: p.hasher, HashCache: cache})
+		require.NoError(b, err)
+		warm := hashed
+		warm.Prompt.Tokens = slices.Clone(hashed.Prompt.Tokens)
+		pick := func(p *Picker) {
+			d, err := p.Pick(warm)
+			if err != nil || d.Reason != ReasonPull {
+				b.Fatal(d.Reason, err)
+			}
+			d.Done()
+		}
+		pick(pc)
+		var cached, cold time.Duration
+		i := uint32(0)
+		b.ReportAllocs()
+		for b.Loop() {
+			i++
+			warm.Prompt.Tokens[shared] = 1<<31 | i // a turn no earlier call sent
+			t0 := time.Now()
+			pick(pc)
+			t1 := time.Now()
+			pick(p)
+			cold += time.Since(t1)
+			cached += t1.Sub(t0)
+		}
+		b.ReportMetric(float64(cached.Nanoseconds())/float64(b.N), "ns/pick")
+		b.ReportMetric(float64(cold.Nanoseconds())/float64(b.N), "ns/cold-pick")
+		b.ReportMetric(float64(cached)/float64(cold), "x-cold")
+		st := cache.Stats()
+		b.ReportMetric(float64(st.HitBlocks)/float64(st.HitBlocks+st.MissBlocks), "hit-rate")
+	})
 }
 
 // BenchmarkScore scores the same prompt over the same 64 holders.

@@ -73,6 +73,12 @@ type Config struct {
 	// Hasher computes a request's block keys from its prompt when the
 	// request carries none. Nil: requests must carry keys.
 	Hasher *hashing.Hasher
+	// HashCache, when set, remembers recently hashed prompts so that a
+	// prompt whose leading blocks were hashed recently (the next turn of a
+	// conversation, a forked agent) is hashed only past them; the keys are
+	// the Hasher's all the same. It may be shared with other pickers and
+	// Hashers. Nil: every prompt is hashed in full.
+	HashCache *hashing.Cache
 	// BlockSize is the number of tokens per block, used to express gains in
 	// tokens. Default: the Hasher's block size, else DefaultBlockSize.
 	BlockSize int
@@ -177,6 +183,7 @@ type Request struct {
 type Picker struct {
 	idx         Index
 	hasher      *hashing.Hasher
+	hashCache   *hashing.Cache
 	blockSize   int
 	weights     []tierWeight
 	minWeight   float64
@@ -222,7 +229,7 @@ func New(cfg Config) (*Picker, error) {
 	if cfg.Index == nil {
 		return nil, ErrNoIndex
 	}
-	p := &Picker{idx: cfg.Index, hasher: cfg.Hasher, cost: cfg.Cost, minSaving: cfg.MinSavingMillis, sources: cfg.Sources}
+	p := &Picker{idx: cfg.Index, hasher: cfg.Hasher, hashCache: cfg.HashCache, cost: cfg.Cost, minSaving: cfg.MinSavingMillis, sources: cfg.Sources}
 	p.blockSize = cfg.BlockSize
 	if p.blockSize <= 0 {
 		p.blockSize = DefaultBlockSize
@@ -288,7 +295,7 @@ func (p *Picker) keys(ctx context.Context, req *Request, s *scratch) ([]uint64, 
 		return nil, ErrNoKeys
 	}
 	var err error
-	s.keys, err = p.hasher.BlockKeysContext(ctx, s.keys, req.Prompt)
+	s.keys, err = p.hashCache.BlockKeysContext(ctx, p.hasher, s.keys, req.Prompt)
 	switch {
 	case errors.Is(err, hashing.ErrStopped):
 		return nil, fmt.Errorf("picker: %w", err)

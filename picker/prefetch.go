@@ -248,7 +248,7 @@ func (f *Prefetcher) Prefetch(req PrefetchRequest) (Prefetch, error) {
 		if f.p.hasher == nil {
 			return Prefetch{}, ErrNoKeys
 		}
-		keys, err := f.p.hasher.BlockKeys(nil, req.Prompt)
+		keys, err := f.p.hashCache.BlockKeys(f.p.hasher, nil, req.Prompt)
 		if err != nil {
 			return Prefetch{}, fmt.Errorf("%w: %w", ErrHash, err)
 		}

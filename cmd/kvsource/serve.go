@@ -35,7 +35,9 @@ import (
 //	                 "hash_mismatches", ...}]}
 //	GET  /metrics   Prometheus; GET /healthz
 //
-// A candidate without "dp_rank" stands for every rank of its pod. Errors
+// A prompt's "tokens" may come as "tokens_b64" instead: base64 (standard,
+// padded) of the token ids as little-endian uint32s. A candidate without
+// "dp_rank" stands for every rank of its pod. Errors
 // are {"error"}: 400 for a bad request (identifiers are at most 4 KiB), 405
 // for another method, 404 for an unknown path and for /v1/score of a model
 // the index knows no holder of while it knows others, which /v1/pick answers
@@ -86,7 +88,10 @@ type serveConfig struct {
 	InflightTTL         time.Duration
 	Snapshot            string
 	Calibration         string
-	ShutdownTimeout     time.Duration
+	// HashCacheBytes bounds the hash cache that spares a prompt whose
+	// leading blocks were hashed recently their rehashing; 0 turns it off.
+	HashCacheBytes  int64
+	ShutdownTimeout time.Duration
 	// ReplayDeadline bounds one pod's whole gap replay (every round).
 	ReplayDeadline time.Duration
 	// ReadTimeout bounds reading a request, body included; WriteTimeout
@@ -170,6 +175,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.InflightTTL, "inflight-ttl", picker.DefaultInflightTTL, "how long a pull counts against its source")
 	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved every --snapshot-interval and at shutdown")
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
+	fs.Int64Var(&cfg.HashCacheBytes, "hash-cache-bytes", hashing.DefaultCacheBytes, "memory bound of the cache of recent prompts' block keys, which spares a next turn rehashing the blocks an earlier one shares (0: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.DurationVar(&cfg.ReplayDeadline, "replay-deadline", 10*time.Second, "how long one pod's gap replay from its engine may take in all, every round included, before the gap counts as lost")
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
@@ -212,6 +218,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		}
 		r.Replay, r.Endpoint = r.Endpoint, ""
 		cfg.EventsReplay = append(cfg.EventsReplay, r)
+	}
+	if cfg.HashCacheBytes < 0 {
+		return cfg, fmt.Errorf("--hash-cache-bytes must not be negative, got %d", cfg.HashCacheBytes)
 	}
 	if cfg.InflightTTL <= 0 {
 		return cfg, fmt.Errorf("--inflight-ttl must be positive, got %v", cfg.InflightTTL)

@@ -51,14 +51,14 @@ func (b *serveSyncBuffer) String() string {
 }
 
 // waitLog waits until the process has logged text.
-func (b *serveBinary) waitLog(t *testing.T, text string) {
+func (b *serveBinary) waitLog(t testing.TB, text string) {
 	t.Helper()
 	require.Eventually(t, func() bool { return strings.Contains(b.stderr.String(), text) }, 10*time.Second, 10*time.Millisecond,
 		"no %q in stderr:\n%s", text, b.stderr.String())
 }
 
 // buildServeBinary builds the kvsource command into a temporary directory.
-func buildServeBinary(t *testing.T) string {
+func buildServeBinary(t testing.TB) string {
 	t.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -70,7 +70,7 @@ func buildServeBinary(t *testing.T) string {
 	return bin
 }
 
-func startServeBinary(t *testing.T, bin string, args ...string) *serveBinary {
+func startServeBinary(t testing.TB, bin string, args ...string) *serveBinary {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
@@ -107,7 +107,7 @@ func startServeBinary(t *testing.T, bin string, args ...string) *serveBinary {
 }
 
 // stop sends SIGTERM and requires a clean exit.
-func (b *serveBinary) stop(t *testing.T) {
+func (b *serveBinary) stop(t testing.TB) {
 	t.Helper()
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
 	select {
@@ -175,50 +175,12 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 	bin := buildServeBinary(t)
 	dir := t.TempDir()
 	snapshot := filepath.Join(dir, "index.snap")
-	bindPort, replayPort := testenv.FreePort(t), testenv.FreePort(t)
 	const pod, model = "127.0.0.1:8007", "m"
-	args := []string{"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
-		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort), "--snapshot", snapshot}
-
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 8*16)
-	for i := range tokens {
-		tokens[i] = uint32(3 * i)
-	}
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
 	// One engine across both service runs: its sequence numbers go on.
-	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
-		Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
-		Topic: "kv@" + pod + "@" + model})
-	require.NoError(t, err)
-	defer pub.Close()
-	podState := func(base string) (servePodJSON, bool) {
-		var resp struct{ Pods []servePodJSON }
-		code, body := serveCall(t, "GET", base+"/v1/pods", nil)
-		if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 1 {
-			return servePodJSON{}, false
-		}
-		return resp.Pods[0], true
-	}
-	publishUntil := func(base string, b *events.Batch, done func(servePodJSON) bool) servePodJSON {
-		var sent time.Time
-		var st servePodJSON
-		require.Eventually(t, func() bool {
-			var ok bool
-			if st, ok = podState(base); ok && done(st) {
-				return true
-			}
-			if time.Since(sent) > 300*time.Millisecond {
-				_, err := pub.Publish(b)
-				require.NoError(t, err)
-				sent = time.Now()
-			}
-			return false
-		}, 15*time.Second, 20*time.Millisecond)
-		return st
-	}
+	eng := newServeBinaryEngine(t, pod, model, 3)
+	args := append(eng.args, "--snapshot", snapshot)
+	tokens, keys := eng.tokens, eng.keys
+	publishUntil := eng.publishUntil
 
 	first := startServeBinary(t, bin, args...)
 	first.waitLog(t, "no snapshot yet")
@@ -261,4 +223,66 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 	out, err := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--snapshot", snapshot).CombinedOutput()
 	require.Error(t, err)
 	require.Contains(t, string(out), "bad snapshot")
+}
+
+// serveBinaryEngine is one engine publishing into a built serve binary's
+// --events-bind, with a replay socket, and the 8-block prompt it caches.
+type serveBinaryEngine struct {
+	t      *testing.T
+	pub    *zmq.Publisher
+	args   []string // the binary's --events-bind and --events-replay
+	tokens []uint32
+	keys   []uint64
+}
+
+// newServeBinaryEngine starts the engine; the prompt's token i is mul*i.
+func newServeBinaryEngine(t *testing.T, pod, model string, mul uint32) *serveBinaryEngine {
+	t.Helper()
+	bindPort, replayPort := testenv.FreePort(t), testenv.FreePort(t)
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 8*16)
+	for i := range tokens {
+		tokens[i] = mul * uint32(i)
+	}
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
+		Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
+		Topic: "kv@" + pod + "@" + model})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	return &serveBinaryEngine{t: t, pub: pub, tokens: tokens, keys: keys, args: []string{
+		"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
+		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort)}}
+}
+
+// podState is the service's only pod in /v1/pods.
+func (e *serveBinaryEngine) podState(base string) (servePodJSON, bool) {
+	var resp struct{ Pods []servePodJSON }
+	code, body := serveCall(e.t, "GET", base+"/v1/pods", nil)
+	if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 1 {
+		return servePodJSON{}, false
+	}
+	return resp.Pods[0], true
+}
+
+// publishUntil publishes b, again every 300ms (a connecting publisher's
+// first messages are lost), until the pod's state satisfies done.
+func (e *serveBinaryEngine) publishUntil(base string, b *events.Batch, done func(servePodJSON) bool) servePodJSON {
+	var sent time.Time
+	var st servePodJSON
+	require.Eventually(e.t, func() bool {
+		var ok bool
+		if st, ok = e.podState(base); ok && done(st) {
+			return true
+		}
+		if time.Since(sent) > 300*time.Millisecond {
+			_, err := e.pub.Publish(b)
+			require.NoError(e.t, err)
+			sent = time.Now()
+		}
+		return false
+	}, 15*time.Second, 20*time.Millisecond)
+	return st
 }

@@ -19,7 +19,7 @@ func (s *serveService) initMetrics() {
 	s.pulled = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvsource_pick_pulled_blocks_total", Help: "Blocks that pick decisions told destinations to pull.",
 	})
-	s.reg.MustRegister(s.requests, s.decisions, s.pulled, &serveStatsCollector{s: s},
+	s.reg.MustRegister(s.requests, s.decisions, s.pulled, &serveStatsCollector{s: s}, serveHashCacheCollector{s.hashCache},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }
 

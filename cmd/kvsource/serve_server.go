@@ -35,9 +35,11 @@ type serveService struct {
 	cfg    serveConfig
 	log    *slog.Logger
 	hasher *hashing.Hasher
-	idx    *index.Index
-	sub    *zmq.Subscriber
-	pk     *picker.Picker
+	// hashCache is the process-wide hash cache, nil when off.
+	hashCache *hashing.Cache
+	idx       *index.Index
+	sub       *zmq.Subscriber
+	pk        *picker.Picker
 
 	reg       *prometheus.Registry
 	requests  *prometheus.CounterVec
@@ -110,8 +112,11 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 && cfg.NATS.Role != serveRoleReplica {
 		log.Warn("kvsource serve: no --events-bind or --events-connect: the index changes only by snapshot")
 	}
+	if cfg.HashCacheBytes > 0 {
+		s.hashCache = hashing.NewCache(hashing.CacheConfig{MaxBytes: cfg.HashCacheBytes})
+	}
 	pcfg := picker.Config{
-		Index: s.idx, Hasher: h, MinCachedTokenDelta: cfg.MinCachedTokenDelta,
+		Index: s.idx, Hasher: h, HashCache: s.hashCache, MinCachedTokenDelta: cfg.MinCachedTokenDelta,
 		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL, Fleet: s.nats.pickerFleet(),
 	}
 	if cfg.Calibration != "" {
@@ -403,8 +408,10 @@ func (r *serveStatusRecorder) WriteHeader(code int) {
 }
 
 func (s *serveService) handleScore(w http.ResponseWriter, r *http.Request) error {
+	b := serveGetBuf()
+	defer servePutBuf(b)
 	var req serveScoreRequest
-	if err := serveDecodeJSON(r, &req); err != nil {
+	if err := serveDecodePrompt(r, b, &req, &req.servePromptJSON); err != nil {
 		return err
 	}
 	prompt, err := req.request()
@@ -419,38 +426,48 @@ func (s *serveService) handleScore(w http.ResponseWriter, r *http.Request) error
 			return err
 		}
 	}
-	scores, err := s.pk.ScoreContext(r.Context(), picker.Request{Model: req.Model, Prompt: prompt}, nil)
+	b.scores, err = s.pk.ScoreContext(r.Context(), picker.Request{Model: req.Model, Prompt: prompt}, b.scores)
 	if err != nil {
 		return servePickerError(err)
 	}
-	resp := serveScoreResponse{Model: req.Model, Blocks: len(req.Tokens) / s.pk.BlockSize(), Pods: []servePodScore{}}
-	want := map[string]bool{}
-	for _, p := range req.Pods {
-		want[p] = true
-	}
-	seen := map[string]bool{}
-	for _, sc := range scores {
-		if len(want) > 0 && !want[sc.Holder.Pod] {
-			continue
+	a := serveScoreAnswer{model: req.Model, blocks: len(req.Tokens) / s.pk.BlockSize(), pods: b.pods[:0]}
+	var want, seen map[string]bool
+	if len(req.Pods) > 0 {
+		want, seen = map[string]bool{}, map[string]bool{}
+		for _, p := range req.Pods {
+			want[p] = true
 		}
-		seen[sc.Holder.Pod] = true
-		resp.Pods = append(resp.Pods, servePodScore{Pod: sc.Holder.Pod, DPRank: sc.Holder.Rank,
-			MatchedBlocks: sc.Blocks, Tiers: serveTiersJSON(sc.Tiers), Score: sc.Score})
+	}
+	for i := range b.scores {
+		sc := &b.scores[i]
+		if want != nil {
+			if !want[sc.Holder.Pod] {
+				continue
+			}
+			seen[sc.Holder.Pod] = true
+		}
+		a.pods = append(a.pods, servePodScoreAnswer{holder: sc.Holder, matched: sc.Blocks, tiers: sc.Tiers, score: sc.Score})
 	}
 	// Every pod asked about gets an answer, zero when it holds nothing.
 	for _, p := range req.Pods {
 		if !seen[p] {
 			seen[p] = true
-			resp.Pods = append(resp.Pods, servePodScore{Pod: p, Tiers: serveTiersJSON(nil)})
+			a.pods = append(a.pods, servePodScoreAnswer{holder: index.Holder{Pod: p}})
 		}
 	}
-	serveWriteJSON(w, http.StatusOK, resp)
+	b.pods = a.pods
+	if b.out, err = a.appendJSON(b.out[:0]); err != nil {
+		return err
+	}
+	serveWriteBody(w, http.StatusOK, b.out)
 	return nil
 }
 
 func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error {
+	b := serveGetBuf()
+	defer servePutBuf(b)
 	var req servePickRequest
-	if err := serveDecodeJSON(r, &req); err != nil {
+	if err := serveDecodePrompt(r, b, &req, &req.servePromptJSON); err != nil {
 		return err
 	}
 	prompt, err := req.request()
@@ -494,12 +511,7 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 			old.d.Done()
 		}
 	}
-	resp := servePickResponse{
-		Destination: d.Destination.Pod, DestinationDPRank: d.Destination.Rank, Reason: d.Reason,
-		Blocks: d.Blocks, BlockSize: d.BlockSize, DestinationCachedBlocks: d.Cached,
-		SourceBlocks: d.Gain, BestSourceBlocks: d.Best, RecomputeBlocks: d.Recompute,
-		MissingBlocks: serveKeysJSON(d.Missing), Header: map[string]string{},
-	}
+	a := servePickAnswer{d: &d, saving: s.cfg.Calibration != ""}
 	if d.Reason == picker.ReasonPull {
 		// The consumer engine keys its pull session with the producer by
 		// kv_request_id: two pulls under one id (say, the empty one) would
@@ -508,15 +520,12 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 		if kvID == "" {
 			kvID = serveNewKVRequestID()
 		}
-		resp.KVTransferParams = d.KVTransferParams(kvID)
-		resp.Source, resp.SourceDPRank = &d.Source.Pod, &d.Source.Rank
-		if s.cfg.Calibration != "" {
-			resp.PredictedSavingMillis = &d.SavingMillis
-		}
-		name, value := d.Header()
-		resp.Header[name] = value
+		a.kv = d.KVTransferParams(kvID)
 	}
-	serveWriteJSON(w, http.StatusOK, resp)
+	if b.out, err = a.appendJSON(b.out[:0]); err != nil {
+		return err
+	}
+	serveWriteBody(w, http.StatusOK, b.out)
 	return nil
 }
 

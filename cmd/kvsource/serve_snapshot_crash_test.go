@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,10 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
-	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
-	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 func TestServeSnapshotFlagsDefaultAndValidate(t *testing.T) {
@@ -151,49 +148,11 @@ func TestServeBinaryRestartsFromThePeriodicSnapshotAfterKill9(t *testing.T) {
 	bin := buildServeBinary(t)
 	dir := t.TempDir()
 	snapshot := filepath.Join(dir, "index.snap")
-	bindPort, replayPort := testenv.FreePort(t), testenv.FreePort(t)
 	const pod, model = "127.0.0.1:8007", "m"
-	args := []string{"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
-		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort), "--snapshot", snapshot, "--snapshot-interval", "100ms"}
-
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 8*16)
-	for i := range tokens {
-		tokens[i] = uint32(5 * i)
-	}
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
-	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
-		Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
-		Topic: "kv@" + pod + "@" + model})
-	require.NoError(t, err)
-	defer pub.Close()
-	podState := func(base string) (servePodJSON, bool) {
-		var resp struct{ Pods []servePodJSON }
-		code, body := serveCall(t, "GET", base+"/v1/pods", nil)
-		if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 1 {
-			return servePodJSON{}, false
-		}
-		return resp.Pods[0], true
-	}
-	publishUntil := func(base string, b *events.Batch, done func(servePodJSON) bool) servePodJSON {
-		var sent time.Time
-		var st servePodJSON
-		require.Eventually(t, func() bool {
-			var ok bool
-			if st, ok = podState(base); ok && done(st) {
-				return true
-			}
-			if time.Since(sent) > 300*time.Millisecond {
-				_, err := pub.Publish(b)
-				require.NoError(t, err)
-				sent = time.Now()
-			}
-			return false
-		}, 15*time.Second, 20*time.Millisecond)
-		return st
-	}
+	eng := newServeBinaryEngine(t, pod, model, 5)
+	args := append(eng.args, "--snapshot", snapshot, "--snapshot-interval", "100ms")
+	tokens, keys := eng.tokens, eng.keys
+	publishUntil := eng.publishUntil
 
 	first := startServeBinary(t, bin, args...)
 	first.waitLog(t, "no snapshot yet")

@@ -321,7 +321,8 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 }
 
 // FuzzServeRequests posts arbitrary bodies to the JSON endpoints: every
-// answer is 200 or a 400 or 413 with a JSON error, never a 500 or a panic.
+// answer is valid JSON, 200 or a 400 or 413 with a JSON error, never a 500 or a
+// panic.
 func FuzzServeRequests(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"destination":"p:1"}`,
@@ -330,6 +331,7 @@ func FuzzServeRequests(f *testing.F) {
 		`{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":"q:1","dp_rank":-3}]}`,
 		`{"request_id":"r"}`,
 		`{"model":"m","tokens":[4294967295],"destination_dp_rank":7,"destination":"[::1]:80"}`,
+		`{"model":"m","tokens_b64":"AQAAAAIAAAA=","destination":"p:1"}`,
 		`[]`, `null`, `{"model":1}`,
 	} {
 		f.Add(seed)
@@ -351,6 +353,7 @@ func FuzzServeRequests(f *testing.F) {
 			rec := httptest.NewRecorder()
 			h(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
 			require.Contains(t, []int{http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge}, rec.Code, "%s %s: %s", path, body, rec.Body)
+			require.True(t, json.Valid(rec.Body.Bytes()), "%s %s: %s", path, body, rec.Body)
 			if rec.Code != http.StatusOK {
 				var e serveErrorJSON
 				require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &e))

@@ -32,12 +32,23 @@ package tokjson
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
 	"sync"
+	"unsafe"
 )
+
+// littleEndian reports whether a []uint32's memory holds little-endian
+// uint32s, which tokens_b64's bytes then are.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // The member names this package decodes itself.
 const (
@@ -288,6 +299,16 @@ func scanTokens(data []byte, i int, dst, prev []uint32) ([]uint32, int, error) {
 			return nil, i, syntaxErr(i, "unterminated tokens array")
 		}
 		c := data[i]
+		// Most tokens are 1 to 7 digits followed by a separator: read
+		// them 8 bytes at a time. A leading 0, 8 digits or more, and the
+		// last bytes of the body go the byte-wise way below.
+		if i+8 <= n && c > '0' && c <= '9' {
+			if v, l := swarDigits(binary.LittleEndian.Uint64(data[i:])); l > 0 {
+				out = append(out, v)
+				i += l
+				goto separator
+			}
+		}
 		switch {
 		case c >= '0' && c <= '9':
 			start := i
@@ -323,6 +344,7 @@ func scanTokens(data []byte, i int, dst, prev []uint32) ([]uint32, int, error) {
 		default:
 			return nil, i, syntaxErr(i, "tokens must be integers from 0 to 4294967295")
 		}
+	separator:
 		// The common separator, ",", comes straight after the number.
 		if i < n && data[i] == ',' {
 			i++
@@ -348,6 +370,50 @@ func scanTokens(data []byte, i int, dst, prev []uint32) ([]uint32, int, error) {
 	}
 }
 
+// swarDigits returns the value of the run of 1 to 7 ASCII digits at the
+// start of u, eight bytes of the body read little-endian, and its length;
+// 0, 0 when the run is empty or all eight bytes are digits.
+func swarDigits(u uint64) (uint32, int) {
+	const (
+		ones   = 0x0101010101010101
+		high   = 0xF0F0F0F0F0F0F0F0
+		zeroes = 0x3030303030303030 // '0' in every byte
+	)
+	// A byte is a digit when its high nibble is 3 both as it is and with 6
+	// added ('9'+6 = 0x3F, ':'+6 = 0x40). An add's carry only ever reaches
+	// bytes after the first non-digit, which are not looked at.
+	nd := (u&high ^ zeroes) | ((u+6*ones)&high ^ zeroes)
+	l := bits.TrailingZeros64(nd) / 8
+	if l == 0 || l == 8 {
+		return 0, 0
+	}
+	// The digits' values, moved to the top bytes so that the bytes
+	// shifted in are leading zeros; a subtraction's borrow, like the
+	// add's carry, only reaches bytes shifted out.
+	// Then each step joins neighbouring groups, the first (lower) byte
+	// the more significant: 2 digits, 4, 8.
+	x := (u - zeroes) << (64 - 8*l)
+	x = (x * (10<<8 + 1)) >> 8
+	x = ((x & 0x00FF00FF00FF00FF) * (100<<16 + 1)) >> 16
+	x = ((x & 0x0000FFFF0000FFFF) * (10000<<32 + 1)) >> 32
+	return uint32(x), l
+}
+
+func errB64Escape(i int) error {
+	return syntaxErr(i, "tokens_b64 holds a JSON escape or control character")
+}
+
+// b64Err is the error of tokens_b64 value s at offset i that base64
+// refused with err.
+func b64Err(i int, s []byte, err error) error {
+	for _, c := range s {
+		if c < 0x20 || c == '\\' {
+			return errB64Escape(i)
+		}
+	}
+	return fmt.Errorf("%w: tokens_b64: %w", ErrSyntax, err)
+}
+
 // scanB64 decodes the tokens_b64 string at data[i] into dst[:0].
 func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 	if i < len(data) && data[i] == 'n' {
@@ -365,11 +431,11 @@ func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 	}
 	s := data[i+1 : i+1+end]
 	// Base64 needs no JSON escapes, and base64's decoder would skip the
-	// raw newlines a JSON string must not hold.
-	for _, c := range s {
-		if c < 0x20 || c == '\\' {
-			return nil, i, syntaxErr(i, "tokens_b64 holds a JSON escape or control character")
-		}
+	// raw newlines a JSON string must not hold. It refuses every other
+	// control character and '\\', so only the newlines need a look before
+	// decoding; escapes named as such in its error.
+	if bytes.IndexByte(s, '\n') >= 0 || bytes.IndexByte(s, '\r') >= 0 {
+		return nil, i, errB64Escape(i)
 	}
 	enc := base64.StdEncoding
 	if len(s)%4 != 0 {
@@ -378,6 +444,29 @@ func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 	out := dst[:0]
 	if out == nil {
 		out = empty
+	}
+	if littleEndian {
+		// The decoded bytes are the tokens' memory: decode into it.
+		if p := bytes.IndexByte(s, '='); p >= 0 && p < len(s)-2 {
+			return nil, i, syntaxErr(i, "tokens_b64 has padding before its end")
+		}
+		nb := enc.DecodedLen(len(s))
+		if len(s) > 0 && s[len(s)-1] == '=' {
+			nb--
+			if s[len(s)-2] == '=' {
+				nb--
+			}
+		}
+		out = slices.Grow(out, (nb+3)/4)
+		full := out[:cap(out)]
+		n, err := enc.Decode(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(full))), 4*len(full)), s)
+		if err != nil {
+			return nil, i, b64Err(i, s, err)
+		}
+		if n%4 != 0 {
+			return nil, i, syntaxErr(i, "tokens_b64 is not a whole number of uint32s")
+		}
+		return out[:n/4], i + 1 + end + 1, nil
 	}
 	// Decode in chunks through a stack buffer: no byte copy of the prompt.
 	var buf [3 * 256]byte
@@ -390,7 +479,7 @@ func scanB64(data []byte, i int, dst []uint32) ([]uint32, int, error) {
 		}
 		n, err := enc.Decode(buf[:], chunk)
 		if err != nil {
-			return nil, i, fmt.Errorf("%w: tokens_b64: %w", ErrSyntax, err)
+			return nil, i, b64Err(i, s, err)
 		}
 		off += len(chunk)
 		b := buf[:n]

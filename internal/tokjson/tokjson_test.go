@@ -367,3 +367,30 @@ func TestUnmarshalAgreesWithEncodingJSONOnMutatedSeeds(t *testing.T) {
 		requireSameAsOracle(t, b, []uint32{5, 5})
 	}
 }
+
+// TestSwarDigitsAgreesWithAByteWiseScan checks the 8-byte digit reader on
+// random bytes, biased to digits, against reading one byte at a time.
+func TestSwarDigitsAgreesWithAByteWiseScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	var b [8]byte
+	for range 1_000_000 {
+		for j := range b {
+			if r.IntN(4) == 0 {
+				b[j] = byte(r.IntN(256))
+			} else {
+				b[j] = '0' + byte(r.IntN(10))
+			}
+		}
+		l, v := 0, uint32(0)
+		for l < 8 && b[l] >= '0' && b[l] <= '9' {
+			v = v*10 + uint32(b[l]-'0')
+			l++
+		}
+		if l == 8 {
+			l, v = 0, 0
+		}
+		gv, gl := swarDigits(binary.LittleEndian.Uint64(b[:]))
+		require.Equal(t, l, gl, "%q", b)
+		require.Equal(t, v, gv, "%q", b)
+	}
+}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/tokjson"
+	"github.com/kvsource/kvsource/picker"
+)
+
+// The request path of /v1/score and /v1/pick: the body is read into a
+// pooled buffer, its tokens decoded by tokjson into a pooled []uint32 (the
+// only copy of the prompt besides the body), and the answer appended into a
+// pooled buffer by hand. encoding/json, reflection and a string per block
+// key (a pick's missing_blocks) cost 18 times the SDK's Pick on a
+// 20,000-token prompt; see BenchmarkServe in BENCHMARKS.md.
+
+// serveBuf is one request's working memory.
+type serveBuf struct {
+	body   []byte
+	tokens []uint32
+	out    []byte
+	scores []picker.Score
+	pods   []servePodScoreAnswer
+}
+
+var serveBufPool = sync.Pool{New: func() any { return new(serveBuf) }}
+
+// serveKeepBytes bounds the buffers a serveBuf keeps in the pool, so that
+// one huge prompt does not pin its memory for good.
+const serveKeepBytes = 1 << 20
+
+func serveGetBuf() *serveBuf { return serveBufPool.Get().(*serveBuf) }
+
+func servePutBuf(b *serveBuf) {
+	if cap(b.body) > serveKeepBytes {
+		b.body = nil
+	}
+	if cap(b.tokens) > serveKeepBytes/4 {
+		b.tokens = nil
+	}
+	if cap(b.out) > serveKeepBytes {
+		b.out = nil
+	}
+	// The scores keep their Tiers slices for the next Score to reuse.
+	b.scores = b.scores[:0]
+	clear(b.pods)
+	b.pods = b.pods[:0]
+	serveBufPool.Put(b)
+}
+
+// serveReadBody reads r's body, which instrument bounds to serveMaxBody,
+// into buf[:0].
+func serveReadBody(r *http.Request, buf []byte) ([]byte, error) {
+	buf = buf[:0]
+	if r.ContentLength > 0 && r.ContentLength <= serveBodyLimit(serveDefaultMaxTokens) {
+		// One more byte, so that reading EOF does not grow the buffer.
+		// (The body's own bound is the MaxBytesReader admit set.)
+		buf = slices.Grow(buf, int(r.ContentLength)+1)
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, max(512, cap(buf)))
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, serveBadRequest{fmt.Errorf("reading request: %w", err)}
+		}
+	}
+}
+
+// serveDecodePrompt reads and decodes a /v1/score or /v1/pick body into v,
+// whose prompt is p, with the tokens (from "tokens" or "tokens_b64") in
+// b.tokens.
+func serveDecodePrompt(r *http.Request, b *serveBuf, v any, p *servePromptJSON) error {
+	var err error
+	if b.body, err = serveReadBody(r, b.body); err != nil {
+		return err
+	}
+	toks, err := tokjson.Unmarshal(b.body, v, b.tokens)
+	if err != nil {
+		return serveBadRequest{fmt.Errorf("decoding request: %w", err)}
+	}
+	if cap(toks) > cap(b.tokens) {
+		b.tokens = toks[:0]
+	}
+	p.Tokens = toks
+	return nil
+}
+
+// serveWriteBody writes a JSON answer whose bytes are body.
+func serveWriteBody(w http.ResponseWriter, code int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}
+
+// errServeNonFinite reports a score or saving that JSON cannot carry.
+var errServeNonFinite = errors.New("non-finite number in the answer")
+
+// servePickAnswer is a pick's answer: servePickResponse's JSON, encoded
+// without a string per missing key or the header's map.
+type servePickAnswer struct {
+	d *picker.Decision
+	// kv is the decision's kv_transfer_params; saving whether the answer
+	// carries predicted_saving_ms (with --calibration, for a pull).
+	kv     picker.KVTransferParams
+	saving bool
+}
+
+// response is the answer as servePickResponse, the schema appendJSON
+// encodes.
+func (a *servePickAnswer) response() servePickResponse {
+	d := a.d
+	resp := servePickResponse{
+		Destination: d.Destination.Pod, DestinationDPRank: d.Destination.Rank, Reason: d.Reason,
+		Blocks: d.Blocks, BlockSize: d.BlockSize, DestinationCachedBlocks: d.Cached,
+		SourceBlocks: d.Gain, BestSourceBlocks: d.Best, RecomputeBlocks: d.Recompute,
+		MissingBlocks: serveKeysJSON(d.Missing), Header: map[string]string{}, KVTransferParams: a.kv,
+	}
+	if d.Reason == picker.ReasonPull {
+		resp.Source, resp.SourceDPRank = &d.Source.Pod, &d.Source.Rank
+		if a.saving {
+			resp.PredictedSavingMillis = &d.SavingMillis
+		}
+		name, value := d.Header()
+		resp.Header[name] = value
+	}
+	return resp
+}
+
+// appendJSON appends the answer as encoding/json's Encoder encodes
+// response(), newline included.
+func (a *servePickAnswer) appendJSON(b []byte) ([]byte, error) {
+	d := a.d
+	pull := d.Reason == picker.ReasonPull
+	b = append(b, `{"destination":`...)
+	b = serveAppendString(b, d.Destination.Pod)
+	b = append(b, `,"destination_dp_rank":`...)
+	b = strconv.AppendInt(b, int64(d.Destination.Rank), 10)
+	b = append(b, `,"source":`...)
+	if pull {
+		b = serveAppendString(b, d.Source.Pod)
+		b = append(b, `,"source_dp_rank":`...)
+		b = strconv.AppendInt(b, int64(d.Source.Rank), 10)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"reason":`...)
+	b = serveAppendString(b, string(d.Reason))
+	for _, f := range [...]struct {
+		name string
+		v    int
+	}{{`,"blocks":`, d.Blocks}, {`,"block_size":`, d.BlockSize}, {`,"destination_cached_blocks":`, d.Cached},
+		{`,"source_blocks":`, d.Gain}, {`,"best_source_blocks":`, d.Best}, {`,"recompute_blocks":`, d.Recompute}} {
+		b = append(b, f.name...)
+		b = strconv.AppendInt(b, int64(f.v), 10)
+	}
+	if pull && a.saving {
+		b = append(b, `,"predicted_saving_ms":`...)
+		var ok bool
+		if b, ok = serveAppendFloat(b, d.SavingMillis); !ok {
+			return b, errServeNonFinite
+		}
+	}
+	b = append(b, `,"missing_blocks":[`...)
+	for i, k := range d.Missing {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = serveAppendUint(b, k)
+		b = append(b, '"')
+	}
+	b = append(b, `],"header":{`...)
+	if pull {
+		name, value := d.Header()
+		b = serveAppendString(b, name)
+		b = append(b, ':')
+		b = serveAppendString(b, value)
+	}
+	b = append(b, `},"kv_transfer_params":{`...)
+	if src := a.kv.RemoteKVSource; src != nil {
+		b = append(b, `"remote_kv_source":{"kv_request_id":`...)
+		b = serveAppendString(b, src.KVRequestID)
+		b = append(b, `,"remote_host":`...)
+		b = serveAppendString(b, src.RemoteHost)
+		b = append(b, `,"remote_port":`...)
+		b = strconv.AppendInt(b, int64(src.RemotePort), 10)
+		b = append(b, '}')
+	}
+	return append(b, "}}\n"...), nil
+}
+
+// serveScoreAnswer is a score's answer: serveScoreResponse's JSON, encoded
+// without a map per pod.
+type serveScoreAnswer struct {
+	model  string
+	blocks int
+	pods   []servePodScoreAnswer
+}
+
+type servePodScoreAnswer struct {
+	holder  index.Holder
+	matched int
+	tiers   []index.TierPrefix
+	score   float64
+}
+
+// response is the answer as serveScoreResponse, the schema appendJSON
+// encodes.
+func (a *serveScoreAnswer) response() serveScoreResponse {
+	resp := serveScoreResponse{Model: a.model, Blocks: a.blocks, Pods: []servePodScore{}}
+	for _, p := range a.pods {
+		resp.Pods = append(resp.Pods, servePodScore{Pod: p.holder.Pod, DPRank: p.holder.Rank,
+			MatchedBlocks: p.matched, Tiers: serveTiersJSON(p.tiers), Score: p.score})
+	}
+	return resp
+}
+
+// appendJSON appends the answer as encoding/json's Encoder encodes
+// response(), newline included.
+func (a *serveScoreAnswer) appendJSON(b []byte) ([]byte, error) {
+	b = append(b, `{"model":`...)
+	b = serveAppendString(b, a.model)
+	b = append(b, `,"blocks":`...)
+	b = strconv.AppendInt(b, int64(a.blocks), 10)
+	b = append(b, `,"pods":[`...)
+	for i, p := range a.pods {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"pod":`...)
+		b = serveAppendString(b, p.holder.Pod)
+		b = append(b, `,"dp_rank":`...)
+		b = strconv.AppendInt(b, int64(p.holder.Rank), 10)
+		b = append(b, `,"matched_blocks":`...)
+		b = strconv.AppendInt(b, int64(p.matched), 10)
+		b = append(b, `,"tiers":`...)
+		b = serveAppendTiers(b, p.tiers)
+		b = append(b, `,"score":`...)
+		var ok bool
+		if b, ok = serveAppendFloat(b, p.score); !ok {
+			return b, errServeNonFinite
+		}
+		b = append(b, '}')
+	}
+	return append(b, "]}\n"...), nil
+}
+
+// serveAppendTiers appends serveTiersJSON(tp) as encoding/json encodes the
+// map: GPU and CPU always, keys sorted, a later prefix of a tier replacing
+// an earlier one.
+func serveAppendTiers(b []byte, tp []index.TierPrefix) []byte {
+	var fixed [8]index.TierPrefix
+	ts := append(fixed[:0], index.TierPrefix{Tier: index.TierGPU}, index.TierPrefix{Tier: index.TierCPU})
+	for _, t := range tp {
+		if i := slices.IndexFunc(ts, func(x index.TierPrefix) bool { return x.Tier == t.Tier }); i >= 0 {
+			ts[i].Blocks = t.Blocks
+		} else {
+			ts = append(ts, t)
+		}
+	}
+	// A few entries: an insertion sort, without the generic sort's closure.
+	for i := 1; i < len(ts); i++ {
+		for j := i; j > 0 && ts[j].Tier < ts[j-1].Tier; j-- {
+			ts[j], ts[j-1] = ts[j-1], ts[j]
+		}
+	}
+	b = append(b, '{')
+	for i, t := range ts {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = serveAppendString(b, t.Tier)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(t.Blocks), 10)
+	}
+	return append(b, '}')
+}
+
+// serveAppendFloat appends f as encoding/json encodes a float64; ok is
+// false for NaN and infinities, which it refuses.
+func serveAppendFloat(b []byte, f float64) ([]byte, bool) {
+	if math.IsInf(f, 0) || math.IsNaN(f) {
+		return b, false
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// Clean up e-09 to e-9, as encoding/json does.
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b, true
+}
+
+// serveAppendUint is strconv.AppendUint(b, k, 10) for block keys, which
+// are mostly 19 or 20 digits: split in three parts by two independent
+// divisions and written 2 digits at a time, it takes about half as long
+// as strconv's chain of divisions by 100.
+func serveAppendUint(b []byte, k uint64) []byte {
+	if k < 1e8 {
+		return strconv.AppendUint(b, k, 10)
+	}
+	hi, rest := k/1e16, k%1e16
+	mid, lo := uint32(rest/1e8), uint32(rest%1e8)
+	switch {
+	case hi > 0:
+		b = strconv.AppendUint(b, hi, 10)
+		b = serveAppend8(b, mid)
+	case mid > 0:
+		b = strconv.AppendUint(b, uint64(mid), 10)
+	}
+	return serveAppend8(b, lo)
+}
+
+const serveDigitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
+	"8081828384858687888990919293949596979899"
+
+// serveAppend8 appends v < 1e8 as exactly 8 digits.
+func serveAppend8(b []byte, v uint32) []byte {
+	a, c := v/10000, v%10000
+	p0, p1, p2, p3 := 2*(a/100), 2*(a%100), 2*(c/100), 2*(c%100)
+	return append(b, serveDigitPairs[p0], serveDigitPairs[p0+1], serveDigitPairs[p1], serveDigitPairs[p1+1],
+		serveDigitPairs[p2], serveDigitPairs[p2+1], serveDigitPairs[p3], serveDigitPairs[p3+1])
+}
+
+const serveHex = "0123456789abcdef"
+
+// serveAppendString appends s as a JSON string, escaped as encoding/json's
+// Encoder escapes it (HTML characters too; invalid UTF-8 as U+FFFD).
+func serveAppendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', serveHex[c>>4], serveHex[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', serveHex[r&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

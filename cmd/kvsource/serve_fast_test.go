@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/picker"
+)
+
+// serveOracleJSON is v as encoding/json's Encoder writes it, the encoding
+// the hand-written answers must match byte for byte.
+func serveOracleJSON(t *testing.T, v any) string {
+	t.Helper()
+	var buf bytes.Buffer
+	require.NoError(t, json.NewEncoder(&buf).Encode(v))
+	return buf.String()
+}
+
+var serveTrickyStrings = []string{
+	"", "127.0.0.1:8001", "[fd00::2]:8000", `a"b\c`, "<script>&amp;", "tab\tnl\ncr\rbs\bff\f",
+	"\x00\x01\x1f\x7f", "é中文🙂", "bad\xffutf8\xc3", "\u2028\u2029", "x-kv-cache-source-host-port",
+}
+
+func serveRandString(r *rand.Rand) string {
+	if r.IntN(2) == 0 {
+		return serveTrickyStrings[r.IntN(len(serveTrickyStrings))]
+	}
+	b := make([]byte, r.IntN(12))
+	for i := range b {
+		b[i] = byte(r.IntN(256))
+	}
+	return string(b)
+}
+
+func serveRandFloat(r *rand.Rand) float64 {
+	switch r.IntN(6) {
+	case 0:
+		return 0
+	case 1:
+		return float64(r.IntN(5000))
+	case 2:
+		return r.Float64() * 1e-7
+	case 3:
+		return r.Float64() * 1e25
+	case 4:
+		return math.Ldexp(r.Float64(), r.IntN(2000)-1000)
+	}
+	return r.NormFloat64() * 100
+}
+
+func TestServeAnswersEncodeAsEncodingJSONDoes(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	reasons := []picker.Reason{picker.ReasonPull, picker.ReasonNoHolder, picker.ReasonSelf, picker.ReasonLocalHit, picker.ReasonBelowThreshold}
+	tierNames := []string{index.TierGPU, index.TierCPU, "DISK", "A", "Z", "gpu"}
+	for iter := range 3000 {
+		d := picker.Decision{
+			Destination: index.Holder{Pod: serveRandString(r), Rank: r.IntN(4)},
+			Reason:      reasons[r.IntN(len(reasons))], Blocks: r.IntN(3000), BlockSize: 16,
+			Cached: r.IntN(100), Gain: r.IntN(100), Best: r.IntN(100), Recompute: r.IntN(100),
+			SavingMillis: serveRandFloat(r),
+		}
+		var kv picker.KVTransferParams
+		if d.Reason == picker.ReasonPull {
+			d.Source = index.Holder{Pod: serveRandString(r), Rank: r.IntN(4)}
+			for range r.IntN(40) {
+				d.Missing = append(d.Missing, r.Uint64()>>r.IntN(64))
+			}
+			kv = picker.KVTransferParams{RemoteKVSource: &picker.RemoteKVSource{
+				KVRequestID: serveRandString(r), RemoteHost: serveRandString(r), RemotePort: r.IntN(70000)}}
+		}
+		a := servePickAnswer{d: &d, kv: kv, saving: r.IntN(2) == 0}
+		got, err := a.appendJSON(nil)
+		require.NoError(t, err)
+		require.Equal(t, serveOracleJSON(t, a.response()), string(got), "pick %d", iter)
+
+		sa := serveScoreAnswer{model: serveRandString(r), blocks: r.IntN(3000)}
+		for range r.IntN(5) {
+			p := servePodScoreAnswer{holder: index.Holder{Pod: serveRandString(r), Rank: r.IntN(3)},
+				matched: r.IntN(100), score: serveRandFloat(r)}
+			for range r.IntN(4) {
+				p.tiers = append(p.tiers, index.TierPrefix{Tier: tierNames[r.IntN(len(tierNames))], Blocks: r.IntN(100)})
+			}
+			sa.pods = append(sa.pods, p)
+		}
+		got, err = sa.appendJSON(nil)
+		require.NoError(t, err)
+		require.Equal(t, serveOracleJSON(t, sa.response()), string(got), "score %d", iter)
+	}
+}
+
+func TestServeAnswersRefuseNonFiniteNumbers(t *testing.T) {
+	for _, f := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		d := picker.Decision{Reason: picker.ReasonPull, SavingMillis: f}
+		a := servePickAnswer{d: &d, saving: true}
+		_, err := a.appendJSON(nil)
+		require.ErrorIs(t, err, errServeNonFinite)
+		sa := serveScoreAnswer{pods: []servePodScoreAnswer{{score: f}}}
+		_, err = sa.appendJSON(nil)
+		require.ErrorIs(t, err, errServeNonFinite)
+	}
+}
+
+// serveB64 is tokens as a tokens_b64 value: base64 of little-endian uint32s.
+func serveB64(tokens []uint32) string {
+	b := make([]byte, 4*len(tokens))
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[4*i:], t)
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+func TestServeTakesTokensAsBase64AndAnswersAsForTheirJSON(t *testing.T) {
+	s, base := startServe(t)
+	tokens := make([]uint32, 40*16+5)
+	for i := range tokens {
+		tokens[i] = uint32(i*7919) % 152064
+	}
+	keys, err := s.hasher.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "127.0.0.1:8002"}, Tier: index.TierCPU, Keys: keys})
+	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "127.0.0.1:8001"}, Tier: index.TierGPU, Keys: keys[:10]})
+	for _, path := range []string{"/v1/score", "/v1/pick"} {
+		plain := map[string]any{"model": "m", "tokens": tokens, "destination": "127.0.0.1:8001", "request_id": "r"}
+		b64 := map[string]any{"model": "m", "tokens_b64": serveB64(tokens), "destination": "127.0.0.1:8001", "request_id": "r"}
+		if path == "/v1/score" {
+			delete(plain, "destination")
+			delete(plain, "request_id")
+			delete(b64, "destination")
+			delete(b64, "request_id")
+		}
+		code, want := serveCall(t, "POST", base+path, plain)
+		require.Equal(t, 200, code, "%s", want)
+		code, got := serveCall(t, "POST", base+path, b64)
+		require.Equal(t, 200, code, "%s", got)
+		require.JSONEq(t, string(want), string(got), path)
+		if path == "/v1/pick" {
+			require.Contains(t, string(got), `"reason":"pull"`)
+		}
+	}
+	for _, tc := range []struct{ body, want string }{
+		{`{"model":"m","tokens":[1],"tokens_b64":"AQAAAA=="}`, "both"},
+		{`{"model":"m","tokens_b64":"AQAA"}`, "whole number"},
+		{`{"model":"m","tokens_b64":"AQAAAA"}`, "padded"},
+		{`{"model":"m","tokens_b64":"!!!!"}`, "tokens_b64"},
+	} {
+		code, body := serveCall(t, "POST", base+"/v1/score", tc.body)
+		require.Equal(t, 400, code, "%s", body)
+		var e serveErrorJSON
+		require.NoError(t, json.Unmarshal(body, &e))
+		require.True(t, strings.Contains(e.Error, "decoding request") && strings.Contains(e.Error, tc.want), "%s: %s", tc.body, e.Error)
+	}
+}
+
+func TestServeAppendUintWritesWhatStrconvWrites(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	for i := range 200000 {
+		k := r.Uint64() >> r.IntN(64)
+		switch i {
+		case 0, 1, 2, 3, 4, 5:
+			k = []uint64{0, 1e8 - 1, 1e8, 1e16 - 1, 1e16, math.MaxUint64}[i]
+		}
+		require.Equal(t, strconv.FormatUint(k, 10), string(serveAppendUint(nil, k)))
+	}
+}

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/zmq"
+	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/internal/testenv"
+)
+
+// The load run of issue 14: the built kvsource serve on loopback, clients
+// posting 20,000-token /v1/pick requests as next turns of their own
+// conversations (each request changes its prompt from token 19,456 on, so
+// 64 of its 1,250 blocks are new), while four engines publish KV events
+// into --events-bind at serveLoadBlocksPerSec. Bounded: each case stops
+// after serveLoadWindow or serveLoadMaxRequests, whichever comes first.
+const (
+	serveLoadTokens       = 20000
+	serveLoadStable       = 19456 // tokens shared by every turn of a client
+	serveLoadBlocksPerSec = 250_000
+	serveLoadWarmup       = time.Second
+	serveLoadWindow       = 8 * time.Second
+	serveLoadMaxRequests  = 40_000
+	serveLoadPods         = 4
+)
+
+// TestServeLoad runs only with KVSOURCE_LOAD=1, which make bench sets; it
+// prints picks/s, p50 and p99 per case and fails on any request that does
+// not get a 200 pull answer, or when the service applies less than 200K
+// blocks/s of the events.
+func TestServeLoad(t *testing.T) {
+	if os.Getenv("KVSOURCE_LOAD") == "" {
+		t.Skip("the load run is part of make bench (KVSOURCE_LOAD=1)")
+	}
+	bin := buildServeBinary(t)
+	var rows []string
+	for _, lc := range []struct {
+		name    string
+		clients int
+		b64     bool
+		args    []string
+	}{
+		{"JSON tokens, hash cache on, 8 clients", 8, false, nil},
+		{"JSON tokens, hash cache off, 8 clients", 8, false, []string{"--hash-cache-bytes", "0"}},
+		{"tokens_b64, hash cache on, 8 clients", 8, true, nil},
+		{"JSON tokens, hash cache on, 32 clients", 32, false, nil},
+	} {
+		t.Run(lc.name, func(t *testing.T) {
+			rows = append(rows, fmt.Sprintf("| %s | %s |", lc.name, serveLoadRun(t, bin, lc.clients, lc.b64, lc.args)))
+		})
+	}
+	fmt.Printf("\n| case | picks/s | p50 ms | p99 ms | ingest blocks/s | hash-cache hit ratio |\n|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Println(r)
+	}
+}
+
+// serveLoadRun runs one case and returns its table cells.
+func serveLoadRun(t *testing.T, bin string, clients int, b64 bool, args []string) string {
+	bindPort := testenv.FreePort(t)
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", bindPort)
+	srv := startServeBinary(t, bin, append([]string{"--events-bind", bind}, args...)...)
+	defer srv.stop(t)
+
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	pubs := make([]*zmq.Publisher, serveLoadPods)
+	for i := range pubs {
+		pubs[i], err = zmq.NewPublisher(zmq.PublisherConfig{Connect: bind, Topic: fmt.Sprintf("kv@10.9.0.%d:8000@m", i)})
+		require.NoError(t, err)
+		defer pubs[i].Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		require.NoError(t, pubs[i].WaitSubscribed(ctx))
+		cancel()
+	}
+
+	// Each client's conversation: pod 0, the destination, holds a quarter
+	// of its stable part on GPU, pod 1 all of it on CPU.
+	r := rand.New(rand.NewPCG(14, 2))
+	bodies := make([][]byte, clients)
+	offsets := make([]int, clients)
+	turnTokens := make([][]uint32, clients)
+	for c := range clients {
+		tokens := make([]uint32, serveLoadTokens)
+		for i := range tokens {
+			tokens[i] = uint32(r.IntN(150000))
+		}
+		for i := serveLoadStable; i < len(tokens); i++ {
+			tokens[i] = 100000 + tokens[i]%50000 // 6 digits, so a turn rewrites its first in place
+		}
+		keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens[:serveLoadStable]})
+		require.NoError(t, err)
+		for _, st := range []struct {
+			pod    int
+			medium string
+			keys   []uint64
+		}{{0, "GPU", keys[:len(keys)/4]}, {1, "CPU", keys}} {
+			_, err := pubs[st.pod].Publish(&events.Batch{Events: []events.Event{
+				{Type: events.EventBlockStored, BlockHashes: st.keys, BlockSize: 16, Medium: st.medium}}})
+			require.NoError(t, err)
+		}
+		var b bytes.Buffer
+		fmt.Fprintf(&b, `{"model":"m","request_id":"client-%d","destination":"10.9.0.0:8000","candidates":[`, c)
+		for p := 1; p < serveLoadPods; p++ {
+			if p > 1 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"pod":"10.9.0.%d:8000","waiting":%d}`, p, p)
+		}
+		if b64 {
+			// A turn rewrites tokens 19,455 to 19,457, whose 12 bytes are
+			// 16 base64 characters of their own (19,455 * 4 is a multiple
+			// of 3).
+			turnTokens[c] = tokens[serveLoadStable-1 : serveLoadStable+2]
+			b.WriteString(`],"tokens_b64":"`)
+			offsets[c] = b.Len() + (serveLoadStable-1)*4/3*4
+			b.WriteString(serveB64(tokens))
+			b.WriteString(`"}`)
+			bodies[c] = b.Bytes()
+			continue
+		}
+		b.WriteString(`],"tokens":[`)
+		for i, tok := range tokens {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if i == serveLoadStable {
+				offsets[c] = b.Len()
+			}
+			b.WriteString(strconv.Itoa(int(tok)))
+		}
+		b.WriteString("]}")
+		bodies[c] = b.Bytes()
+	}
+	require.Eventually(t, func() bool {
+		_, m := serveCall(t, "GET", srv.base+"/metrics", nil)
+		n, _ := strconv.ParseFloat(serveMetric(m, "kvsource_events_events_total"), 64)
+		return int(n) == 2*clients
+	}, 15*time.Second, 20*time.Millisecond, "the conversations' blocks were not applied")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, p := range pubs {
+		wg.Go(func() { serveLoadIngest(ctx, t, p, i) })
+	}
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	var (
+		measureAt = time.Now().Add(serveLoadWarmup)
+		stopAt    = measureAt.Add(serveLoadWindow)
+		issued    atomic.Int64
+		failures  atomic.Int64
+		firstErr  atomic.Value
+		lat       = make([][]time.Duration, clients)
+	)
+	var cw sync.WaitGroup
+	for c := range clients {
+		cw.Go(func() {
+			body, off := bodies[c], offsets[c]
+			for turn := 0; ; turn++ {
+				now := time.Now()
+				if now.After(stopAt) || issued.Add(1) > serveLoadMaxRequests {
+					return
+				}
+				if b64 {
+					var raw [12]byte
+					tt := turnTokens[c]
+					tt[0] = uint32(c*7919+turn) % 150000
+					for k, tok := range tt {
+						binary.LittleEndian.PutUint32(raw[4*k:], tok)
+					}
+					base64.StdEncoding.Encode(body[off:off+16], raw[:])
+				} else {
+					copy(body[off:], strconv.Itoa(100000+(c*7919+turn)%900000))
+				}
+				t0 := time.Now()
+				resp, err := client.Post(srv.base+"/v1/pick", "application/json", bytes.NewReader(body))
+				var out []byte
+				if err == nil {
+					out, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err == nil && (resp.StatusCode != http.StatusOK || !bytes.Contains(out, []byte(`"reason":"pull"`))) {
+						err = fmt.Errorf("status %d: %.200s", resp.StatusCode, out)
+					}
+				}
+				d := time.Since(t0)
+				if err != nil {
+					failures.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+					continue
+				}
+				if t0.After(measureAt) {
+					lat[c] = append(lat[c], d)
+				}
+			}
+		})
+	}
+	time.Sleep(time.Until(measureAt)) // the warm-up's end, when the window's counters start
+	_, before := serveCall(t, "GET", srv.base+"/metrics", nil)
+	cw.Wait()
+	_, after := serveCall(t, "GET", srv.base+"/metrics", nil)
+	window := time.Since(measureAt)
+	cancel()
+	wg.Wait()
+	require.Zero(t, failures.Load(), "failed requests, the first: %v", firstErr.Load())
+
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	require.NotEmpty(t, all)
+	q := func(p float64) float64 { return float64(all[int(p*float64(len(all)-1))].Microseconds()) / 1000 }
+	delta := func(name string) float64 {
+		a, _ := strconv.ParseFloat(serveMetric(after, name), 64)
+		b, _ := strconv.ParseFloat(serveMetric(before, name), 64)
+		return a - b
+	}
+	ingest := delta("kvsource_events_blocks_total") / window.Seconds()
+	hits, misses := delta("kvsource_hash_cache_hit_blocks_total"), delta("kvsource_hash_cache_miss_blocks_total")
+	ratio := "off"
+	if hits+misses > 0 {
+		ratio = fmt.Sprintf("%.3f", hits/(hits+misses))
+	}
+	picks := float64(len(all)) / window.Seconds()
+	t.Logf("%d clients: %.0f picks/s, p50 %.2f ms, p99 %.2f ms, ingest %.0f blocks/s, hash cache hit ratio %s, queue-full drops %.0f",
+		clients, picks, q(0.5), q(0.99), ingest, ratio, delta("kvsource_events_queue_full_total"))
+	require.GreaterOrEqual(t, ingest, 200_000.0, "the service applied too few blocks/s alongside the picks")
+	return fmt.Sprintf("%.0f | %.2f | %.2f | %.0f | %s", picks, q(0.5), q(0.99), ingest, ratio)
+}
+
+// serveLoadIngest publishes pod i's share of serveLoadBlocksPerSec until
+// ctx ends: batches of 40 events of 16 blocks, each storing a fresh chain
+// and the next removing it, so the index stays bounded.
+func serveLoadIngest(ctx context.Context, t *testing.T, p *zmq.Publisher, i int) {
+	const perBatch, blocks = 40, 16
+	r := rand.New(rand.NewPCG(uint64(i), 99))
+	var payloads [][]byte
+	for range 32 {
+		store := &events.Batch{}
+		remove := &events.Batch{}
+		for range perBatch {
+			keys := make([]uint64, blocks)
+			for k := range keys {
+				keys[k] = r.Uint64()
+			}
+			store.Events = append(store.Events, events.Event{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: 16, Medium: "GPU"})
+			remove.Events = append(remove.Events, events.Event{Type: events.EventBlockRemoved, BlockHashes: keys, Medium: "GPU"})
+		}
+		payloads = append(payloads, events.AppendBatch(nil, store, events.LayoutMap, 0), events.AppendBatch(nil, remove, events.LayoutMap, 0))
+	}
+	perPod := float64(serveLoadBlocksPerSec) / serveLoadPods
+	start := time.Now()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	sent := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		due := int(time.Since(start).Seconds()*perPod) / (perBatch * blocks)
+		for ; sent < due; sent++ {
+			if _, err := p.PublishPayload(payloads[sent%len(payloads)]); err != nil {
+				t.Errorf("publishing: %v", err)
+				return
+			}
+		}
+	}
+}
