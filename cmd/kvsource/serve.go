@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -50,6 +51,11 @@ import (
 // /v1/pods, with its saved last_seq, until its pod publishes again; if it
 // never does, each save writes it again with
 // that last_seq, so it stays, stale, across restarts (see saveSnapshot).
+//
+// On --events-bind, a topic naming a pod by an IP ("kv@10.0.0.7:8000@m") is
+// accepted only from that IP, and one naming it by a DNS name only from
+// --events-allow networks (default loopback); see events/doc.go for the
+// threat model.
 
 func init() {
 	commands["serve"] = command{summary: "run events, index and picker as an HTTP JSON service", run: runServe}
@@ -74,7 +80,14 @@ const (
 
 // serveConfig is everything kvsource serve is configured with.
 type serveConfig struct {
-	EventsBind          []string
+	EventsBind []string
+	// EventsAllow are the sender networks --events-bind accepts pods named
+	// by DNS names from (nil: loopback); EventsNoSenderCheck turns sender
+	// verification off; EventsPodsPerSender bounds the pods one sender
+	// publishes for (see zmq.SubscriberConfig).
+	EventsAllow         []netip.Prefix
+	EventsNoSenderCheck bool
+	EventsPodsPerSender int
 	EventsConnect       []servePodEndpoint
 	EventsReplay        []servePodEndpoint
 	HTTP                string
@@ -160,6 +173,10 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	var bind serveStringList
 	var connect, replay serveConnectList
 	fs.Var(&bind, "events-bind", "bind a SUB socket engines connect to, e.g. tcp://*:5557 (repeatable)")
+	var allow serveStringList
+	fs.Var(&allow, "events-allow", "a sender network (CIDR) --events-bind accepts pods named by DNS names from (repeatable; default loopback only); a pod named by an IP is accepted from that IP only")
+	fs.BoolVar(&cfg.EventsNoSenderCheck, "events-no-sender-check", false, "accept any sender on --events-bind for any pod name (only where every peer that reaches the port is trusted)")
+	fs.IntVar(&cfg.EventsPodsPerSender, "events-max-pods-per-sender", 64, "pods one sender address may publish for on --events-bind")
 	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL] (repeatable); "+
 		"model= names the pod's model when its topic does not (vLLM's default topic is empty)")
 	fs.Var(&replay, "events-replay", "replay endpoint of a pod that connects to --events-bind: POD=tcp://HOST:PORT, rank 0's; rank r's port is r higher (repeatable)")
@@ -243,6 +260,16 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		return cfg, err
 	}
 	cfg.EventsBind, cfg.EventsConnect = bind, connect
+	for _, a := range allow {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			return cfg, fmt.Errorf("--events-allow %q: want a network such as 10.0.0.0/8: %w", a, err)
+		}
+		cfg.EventsAllow = append(cfg.EventsAllow, p.Masked())
+	}
+	if cfg.EventsPodsPerSender < 1 {
+		return cfg, fmt.Errorf("--events-max-pods-per-sender must be at least 1, got %d", cfg.EventsPodsPerSender)
+	}
 	cfg.Seed, cfg.SeedSet = seed.value, seed.set
 	if err := cfg.NATS.check(&cfg); err != nil {
 		return cfg, err

@@ -95,7 +95,8 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
-	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{Events: ecfg, Bind: cfg.EventsBind, MaxMessageSize: cfg.EventsMaxMessage})
+	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{Events: ecfg, Bind: cfg.EventsBind, MaxMessageSize: cfg.EventsMaxMessage,
+		Allow: cfg.EventsAllow, NoSenderCheck: cfg.EventsNoSenderCheck, MaxPodsPerSender: cfg.EventsPodsPerSender})
 	if err != nil {
 		return nil, err
 	}

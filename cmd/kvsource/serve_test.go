@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -482,4 +483,27 @@ func TestServeTellsAnUnknownModelFromNoHolder(t *testing.T) {
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
 	require.Contains(t, string(metrics), `kvsource_pick_decisions_total{reason="unknown_model"} 1`)
 	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="404",path="/v1/score"} 1`)
+}
+
+func TestServeSenderFlagsParseNetworksAndValidate(t *testing.T) {
+	cfg, err := parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Nil(t, cfg.EventsAllow, "default: DNS-named pods only from loopback")
+	require.False(t, cfg.EventsNoSenderCheck)
+	require.Equal(t, 64, cfg.EventsPodsPerSender)
+
+	cfg, err = parseServeFlags([]string{"--events-allow", "10.1.2.3/8", "--events-allow", "fd00::/8", "--events-no-sender-check", "--events-max-pods-per-sender", "2"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}, cfg.EventsAllow)
+	require.True(t, cfg.EventsNoSenderCheck)
+	require.Equal(t, 2, cfg.EventsPodsPerSender)
+
+	for _, args := range [][]string{
+		{"--events-allow", "10.0.0.1"},
+		{"--events-allow", "pods.example"},
+		{"--events-max-pods-per-sender", "0"},
+	} {
+		_, err := parseServeFlags(args, io.Discard)
+		require.Error(t, err, "%v", args)
+	}
 }
