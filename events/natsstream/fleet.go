@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -87,10 +86,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		return nil, fmt.Errorf("%w: FleetConfig.JetStream is required", ErrConfig)
 	}
 	cfg.Config = cfg.Config.withDefaults()
-	if cfg.Name == "" {
-		host, _ := os.Hostname()
-		cfg.Name = host + "-" + strconv.Itoa(os.Getpid())
-	}
+	cfg.Name = defaultName(cfg.Name)
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultPullTTL
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -107,11 +109,23 @@ func (l *lease) acquired() {
 	}
 }
 
+// defaultName is name, or when it is empty the host name and process id.
+func defaultName(name string) string {
+	if name != "" {
+		return name
+	}
+	host, _ := os.Hostname()
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
 // uniqueOwner makes a lease owner of name that no other process shares,
 // so that a restarted process with the same name does not take its
 // predecessor's lease for its own.
-func uniqueOwner(name string) string {
+func uniqueOwner(name string) string { return name + "/" + randomSuffix() }
+
+// randomSuffix is 8 random hex digits.
+func randomSuffix() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return name + "/" + hex.EncodeToString(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,10 +92,7 @@ func NewRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("%w: RelayConfig.JetStream is required", ErrConfig)
 	}
 	cfg.Config = cfg.Config.withDefaults()
-	if cfg.Name == "" {
-		host, _ := os.Hostname()
-		cfg.Name = host + "-" + strconv.Itoa(os.Getpid())
-	}
+	cfg.Name = defaultName(cfg.Name)
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}

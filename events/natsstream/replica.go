@@ -2,8 +2,6 @@ package natsstream
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -159,10 +157,9 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	}
 	cfg.Config = cfg.Config.withDefaults()
 	if cfg.Name == "" {
-		host, _ := os.Hostname()
-		var rb [4]byte
-		_, _ = rand.Read(rb[:])
-		cfg.Name = host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(rb[:])
+		// Replicas' names key their durable state: two in one process
+		// must differ.
+		cfg.Name = defaultName("") + "-" + randomSuffix()
 	}
 	if cfg.SnapshotLeaseTTL <= 0 {
 		cfg.SnapshotLeaseTTL = DefaultSnapshotLeaseTTL
