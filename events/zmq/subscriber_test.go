@@ -364,56 +364,45 @@ func TestMalformedPayloadIsCountedAndOtherPodsKeepTheirState(t *testing.T) {
 		"the counter moves before the line is written")
 }
 
-func TestFullQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
-	t.Parallel()
-	port, rport := testenv.FreePort(t), testenv.FreePort(t)
-	sink := eventstest.NewRecSink()
-	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Workers: 1, QueueLen: 1, EnqueueTimeout: time.Millisecond}})
-	p := newPublisher(t, PublisherConfig{Bind: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
-	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
-	warmUp(t, p, s, 0)
-	release := sink.Stall()
-	var want []uint64
-	for i := range uint64(40) {
-		publish(t, p, stored(0, nil, 1000+i))
-		want = append(want, 1000+i)
+// A queue full by message count, or one with room for thousands of
+// messages but a byte bound of a few, drops what does not fit, counts it,
+// and replay resyncs the pod; bytes and slots come back as messages apply,
+// so the pod's next batch is taken.
+func TestQueueDropsAreCountedAndResyncedByReplay(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  events.Config
+	}{
+		{"full by messages", events.Config{Workers: 1, QueueLen: 1, EnqueueTimeout: time.Millisecond}},
+		{"over its byte bound", events.Config{Workers: 1, QueueLen: 4096, QueueBytes: 256}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			port, rport := testenv.FreePort(t), testenv.FreePort(t)
+			sink := eventstest.NewRecSink()
+			tc.cfg.Sink = sink
+			s := startSubscriber(t, SubscriberConfig{Events: tc.cfg})
+			p := newPublisher(t, PublisherConfig{Bind: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
+			require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
+			warmUp(t, p, s, 0)
+			release := sink.Stall()
+			var want []uint64
+			for i := range uint64(40) {
+				publish(t, p, stored(0, nil, 1000+i))
+				want = append(want, 1000+i)
+			}
+			require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
+			release()
+			requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", want...)
+			st := s.Stats()
+			require.NotZero(t, st.Replays)
+			require.Zero(t, st.Unrecovered)
+			full := st.QueueFull
+			publish(t, p, stored(0, nil, 2000))
+			requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", append(want, 2000)...)
+			require.Equal(t, full, s.Stats().QueueFull)
+		})
 	}
-	require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
-	release()
-	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", want...)
-	st := s.Stats()
-	require.NotZero(t, st.Replays)
-	require.Zero(t, st.Unrecovered)
-}
-
-// A queue with room for thousands of messages but a byte bound of a few
-// drops past the bytes, as past a full queue, and replay resyncs the pod.
-func TestQueueOverItsByteBoundDropsAreCountedAndResyncedByReplay(t *testing.T) {
-	t.Parallel()
-	port, rport := testenv.FreePort(t), testenv.FreePort(t)
-	sink := eventstest.NewRecSink()
-	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, Workers: 1, QueueLen: 4096, QueueBytes: 256}})
-	p := newPublisher(t, PublisherConfig{Bind: anyEP(port), ReplayEndpoint: anyEP(rport), Topic: "kv@pod@m"})
-	require.NoError(t, s.AddPod("pod", localEP(port), localEP(rport)))
-	warmUp(t, p, s, 0)
-	release := sink.Stall()
-	var want []uint64
-	for i := range uint64(40) {
-		publish(t, p, stored(0, nil, 1000+i))
-		want = append(want, 1000+i)
-	}
-	require.Eventually(t, func() bool { return s.Stats().QueueFull > 0 }, waitLong, 5*time.Millisecond)
-	release()
-	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", want...)
-	st := s.Stats()
-	require.NotZero(t, st.Replays)
-	require.Zero(t, st.Unrecovered)
-	// Bytes are released as messages are applied: the pod's next batch,
-	// far under the bound on its own, is taken.
-	full := st.QueueFull
-	publish(t, p, stored(0, nil, 2000))
-	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", append(want, 2000)...)
-	require.Equal(t, full, s.Stats().QueueFull)
 }
 
 func TestBindAndConnectModesRunTogether(t *testing.T) {
