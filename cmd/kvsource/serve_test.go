@@ -172,7 +172,7 @@ func TestServeParsesKeysAndPodModels(t *testing.T) {
 		{Pod: "b", Endpoint: "tcp://h:2", Replay: "tcp://h:3", Model: "m"},
 		{Pod: "c", Endpoint: "tcp://h:4", Replay: "tcp://h:5"},
 	}, cfg.EventsConnect)
-	require.Equal(t, hashing.Content, mustContentHasher(t, cfg).Config().Algo)
+	require.Equal(t, hashing.Content, mustHasher(t, cfg.contentConfig()).Config().Algo)
 
 	// --algo does not matter to content keys: an xxhash algorithm without
 	// a seed, which engine keys refuse, starts.
@@ -198,32 +198,26 @@ func TestServeParsesKeysAndPodModels(t *testing.T) {
 	}
 }
 
-func mustContentHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
-	t.Helper()
-	h, err := hashing.New(cfg.contentConfig())
-	require.NoError(t, err)
-	return h
-}
-
 func TestServeSeedFlagTellsUnsetFromEmpty(t *testing.T) {
 	cfg, err := parseServeFlags(nil, io.Discard)
 	require.NoError(t, err)
 	require.False(t, cfg.SeedSet)
-	require.Equal(t, hashing.DefaultSeed, mustHasher(t, cfg).Config().Seed)
+	require.Equal(t, hashing.DefaultSeed, mustHasher(t, cfg.hashingConfig()).Config().Seed)
 
 	cfg, err = parseServeFlags([]string{"--seed", ""}, io.Discard)
 	require.NoError(t, err)
 	require.True(t, cfg.SeedSet)
-	h := mustHasher(t, cfg)
+	h := mustHasher(t, cfg.hashingConfig())
 	require.Equal(t, "", h.Config().Seed)
 	empty, err := hashing.New(hashing.Config{SeedSet: true})
 	require.NoError(t, err)
 	require.Equal(t, empty.Root(), h.Root())
 }
 
-func mustHasher(t *testing.T, cfg serveConfig) *hashing.Hasher {
+// mustHasher is the hasher of cfg.
+func mustHasher(t *testing.T, cfg hashing.Config) *hashing.Hasher {
 	t.Helper()
-	h, err := hashing.New(cfg.hashingConfig())
+	h, err := hashing.New(cfg)
 	require.NoError(t, err)
 	return h
 }
