@@ -102,9 +102,13 @@ func (l *lease) step(ctx context.Context) {
 }
 
 // acquired records a successful create or renewal; it starts a new term
-// when the lease was not held a moment ago.
+// when the lease was not held a moment ago: never renewed, or last renewed
+// longer ago than held accepts (a failed renewal in between), since what
+// was tapped meanwhile was kept, not published, and a new term reconciles
+// it.
 func (l *lease) acquired() {
-	if l.renewed.Swap(time.Now().UnixNano()) == 0 {
+	now := time.Now().UnixNano()
+	if old := l.renewed.Swap(now); old == 0 || time.Duration(now-old) >= l.ttl/2 {
 		l.terms.Add(1)
 	}
 }

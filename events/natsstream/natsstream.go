@@ -167,13 +167,15 @@ type Batch struct {
 	Payload    []byte
 }
 
-func (c Config) message(b Batch) *nats.Msg {
+// message is b as the relay appends it, with id (msgID of b) as its
+// Nats-Msg-Id.
+func (c Config) message(b Batch, id string) *nats.Msg {
 	m := nats.NewMsg(c.Subject(b.Model, b.Pod))
 	m.Header.Set(HeaderModel, b.Model)
 	m.Header.Set(HeaderPod, b.Pod)
 	m.Header.Set(HeaderRank, strconv.Itoa(b.Rank))
 	m.Header.Set(HeaderSeq, strconv.FormatUint(b.Seq, 10))
-	m.Header.Set(jetstream.MsgIDHeader, msgID(b.Model, b.Pod, b.Rank, b.Seq, b.Payload))
+	m.Header.Set(jetstream.MsgIDHeader, id)
 	m.Data = b.Payload
 	return m
 }

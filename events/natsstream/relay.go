@@ -272,7 +272,7 @@ func (r *Relay) publish(ctx context.Context, s *relaySubject, i int) bool {
 			return false
 		}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ack, err := r.js.PublishMsg(pctx, r.cfg.message(k.b), jetstream.WithMsgID(k.id))
+		ack, err := r.js.PublishMsg(pctx, r.cfg.message(k.b, k.id))
 		cancel()
 		if err == nil {
 			if ack.Duplicate {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/notify"
 )
 
 // Defaults of ReplicaConfig.
@@ -145,7 +147,7 @@ type Replica struct {
 	readying   atomic.Bool
 	running    atomic.Bool
 	appliedPub atomic.Uint64
-	notify     chan struct{} // signalled after each applied message
+	notify     notify.Notifier // broadcast after each applied message
 }
 
 // Open creates the stream and buckets as needed and builds the replica's
@@ -189,7 +191,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 		return nil, fmt.Errorf("natsstream: object store %s_SNAPSHOTS: %w", cfg.Stream, err)
 	}
 	r := &Replica{cfg: cfg, js: cfg.JetStream, stream: s, obj: obj, log: log, shard: shardName(cfg.Models),
-		ready: make(chan struct{}), notify: make(chan struct{}, 1)}
+		ready: make(chan struct{})}
 	r.snapTaken.Store(-1)
 	if cfg.SnapshotInterval > 0 {
 		kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SNAPLEASE", cfg.SnapshotLeaseTTL)
@@ -227,8 +229,12 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	// subscriber applies engine messages with (sequencing, gaps, restarts),
 	// so a replica's index equals the relay subscriber's. Handle waits for
 	// room rather than drop: the stream keeps what the replica has not
-	// applied, and a dropped batch would be a gap no replay can close.
-	r.proc, err = events.NewProcessor(events.Config{Sink: r.ix, InitialSeqs: seqs, EnqueueTimeout: 24 * time.Hour, Logger: log})
+	// applied, and a dropped batch would be a gap no replay can close. For
+	// the same reason no byte bound drops a batch, and snapshot holders do
+	// not expire by this replica's clock: every replica must apply the same
+	// stream to the same index.
+	r.proc, err = events.NewProcessor(events.Config{Sink: r.ix, InitialSeqs: seqs, EnqueueTimeout: 24 * time.Hour, Logger: log,
+		QueueBytes: math.MaxInt64, SnapshotExpiry: time.Duration(math.MaxInt64)})
 	if err != nil {
 		return nil, err
 	}
@@ -373,12 +379,8 @@ func (r *Replica) WaitReady(ctx context.Context) error {
 // such as a publish acknowledgement's: a replica sharded by model never
 // sees other subjects' sequence numbers.
 func (r *Replica) WaitApplied(ctx context.Context, seq uint64) error {
-	for r.appliedPub.Load() < seq {
-		select {
-		case <-r.notify:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := r.notify.Await(ctx, func() bool { return r.appliedPub.Load() >= seq }); err != nil {
+		return err
 	}
 	if r.running.Load() {
 		return r.proc.Sync(ctx)
@@ -553,10 +555,7 @@ func (r *Replica) handle(m jetstream.Msg) {
 			r.readying.Store(false)
 		}()
 	}
-	select {
-	case r.notify <- struct{}{}:
-	default:
-	}
+	r.notify.Broadcast()
 }
 
 // Status returns the replica's progress.

@@ -70,7 +70,7 @@ func FuzzParseBatch(f *testing.F) {
 		require.NotEmpty(t, b.Pod)
 		require.GreaterOrEqual(t, b.Rank, 0)
 		// What the relay writes, the replica reads back.
-		m := Config{}.message(b)
+		m := Config{}.message(b, msgID(b.Model, b.Pod, b.Rank, b.Seq, b.Payload))
 		again, err := parseBatch(m.Header, m.Data)
 		require.NoError(t, err)
 		require.Equal(t, b, again)
