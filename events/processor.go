@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/notify"
 )
 
 // Errors the Processor's API returns.
@@ -243,7 +244,7 @@ type Processor struct {
 	overflow podState
 	errPods  sync.Map // pod -> *atomic.Uint64, its decode errors
 	nErrPods atomic.Int64
-	applied  notifier
+	applied  notify.Notifier
 }
 
 // podState counts how many of a pod's messages were handed and how many
@@ -470,7 +471,7 @@ func (p *Processor) NoModel(pod, topic string, seq uint64) {
 // WaitApplied returns once holder h has applied the batch with sequence
 // number seq or a later one, or with ctx's error when ctx is done first.
 func (p *Processor) WaitApplied(ctx context.Context, h index.Holder, seq uint64) error {
-	return p.applied.await(ctx, func() bool {
+	return p.applied.Await(ctx, func() bool {
 		v, ok := p.holders.Load(h)
 		if !ok {
 			return false
@@ -494,7 +495,7 @@ func (p *Processor) Sync(ctx context.Context) error {
 		marks = append(marks, mark{ps, ps.handed.Load()})
 		return true
 	})
-	return p.applied.await(ctx, func() bool {
+	return p.applied.Await(ctx, func() bool {
 		for _, m := range marks {
 			if m.ps.closed.Load() < m.n {
 				return false
@@ -536,47 +537,6 @@ func (p *Processor) podState(pod string) *podState {
 		p.nPods.Add(-1)
 	}
 	return v.(*podState)
-}
-
-// notifier wakes the goroutines waiting in WaitApplied and Sync; handling a
-// message costs one atomic load while nobody waits.
-type notifier struct {
-	waiters atomic.Int32
-	mu      sync.Mutex
-	ch      chan struct{}
-}
-
-func (n *notifier) await(ctx context.Context, done func() bool) error {
-	n.waiters.Add(1)
-	defer n.waiters.Add(-1)
-	for {
-		n.mu.Lock()
-		if n.ch == nil {
-			n.ch = make(chan struct{})
-		}
-		ch := n.ch
-		n.mu.Unlock()
-		if done() {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (n *notifier) broadcast() {
-	if n.waiters.Load() == 0 {
-		return
-	}
-	n.mu.Lock()
-	if n.ch != nil {
-		close(n.ch)
-		n.ch = nil
-	}
-	n.mu.Unlock()
 }
 
 // Stats are the processor's global counters since it was created.

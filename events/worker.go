@@ -237,7 +237,7 @@ func (w *worker) closeMessage(m message) {
 	if m.ps != nil {
 		m.ps.closed.Add(1)
 	}
-	w.p.applied.broadcast()
+	w.p.applied.Broadcast()
 }
 
 // dropped is Handle's, after dropping m on a full queue.
@@ -851,7 +851,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 	h.hasSeq.Store(true)
 	h.heard.Store(true)
 	h.setStale()
-	w.p.applied.broadcast()
+	w.p.applied.Broadcast()
 }
 
 // request returns the hashing request for tokens, the leading blocks of e,
