@@ -2,6 +2,7 @@ package zmq
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -103,4 +104,27 @@ func TestRunReturnsWithinASecondOfCancellationMidReplay(t *testing.T) {
 		t.Fatal("Run still runs")
 	}
 	require.Less(t, time.Since(cancelled), time.Second)
+}
+
+// A Run whose bind fails (the port is taken) may be run again once the
+// port is free.
+func TestRunMayBeRetriedAfterItsBindFailed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ep := "tcp://" + l.Addr().String()
+	s, err := NewSubscriber(SubscriberConfig{Events: events.Config{Sink: eventstest.NewRecSink()}, Bind: []string{ep}})
+	require.NoError(t, err)
+	require.Error(t, s.Run(context.Background()))
+	require.NoError(t, l.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	select {
+	case <-s.Ready():
+	case err := <-done:
+		t.Fatalf("the second Run failed: %v", err)
+	}
+	cancel()
+	require.NoError(t, <-done)
 }

@@ -273,6 +273,15 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	s.running = true
 	s.mu.Unlock()
+	// A Run that fails before it starts receiving may be retried.
+	started := false
+	defer func() {
+		if !started {
+			s.mu.Lock()
+			s.running = false
+			s.mu.Unlock()
+		}
+	}()
 
 	var bind, bindMon *zmq4.Socket
 	var addrs []string
@@ -303,6 +312,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	started = true
 	r := &receiver{s: s, poller: zmq4.NewPoller(), bind: bind, bindMon: bindMon, live: map[string]*conn{},
 		bySock: map[*zmq4.Socket]*conn{}, byMon: map[*zmq4.Socket]*conn{}, podUp: map[string]int{},
 		links: newLinks(2*s.proc.Config().MaxHolders, s.cfg.MaxPodsPerSender)}
