@@ -351,12 +351,19 @@ func TestServeEmptyTopicTakesTheModelFromTheFlag(t *testing.T) {
 	code, body := serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Contains(t, string(body), `"matched_blocks":4`)
-	// The second pod's message travels on its own connection: it may
-	// come after the first pod's is applied.
+	// The second pod's message travels on its own connection: it may come
+	// after the first pod's is applied, or be lost before the service's
+	// subscription reaches the pod (and a pod without a model is not
+	// replayed), so the pod publishes until one is counted.
 	require.Eventually(t, func() bool {
 		_, metrics := serveCall(t, "GET", base+"/metrics", nil)
-		return regexp.MustCompile(`kvsource_events_no_model_total [1-9]`).Match(metrics)
-	}, 10*time.Second, 10*time.Millisecond)
+		if regexp.MustCompile(`kvsource_events_no_model_total [1-9]`).Match(metrics) {
+			return true
+		}
+		_, err := pods[1].Publish(vllmBatch(t, vllmStored(keys, tokens, 64, 0, 4, "GPU")))
+		require.NoError(t, err)
+		return false
+	}, 10*time.Second, 20*time.Millisecond)
 	require.Contains(t, logs.String(), "pod=10.0.5.2:8000")
 	require.Contains(t, logs.String(), "model=MODEL")
 }
