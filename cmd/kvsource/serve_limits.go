@@ -107,7 +107,12 @@ const (
 	serveRejectBodySize  = "body_too_large"
 	serveRejectTokens    = "too_many_tokens"
 	serveRejectFieldSize = "field_too_long"
+	serveRejectCanceled  = "canceled"
 )
+
+// serveStatusClientClosed is the status, nginx's 499, a request gets in the
+// metrics when its client hung up before the answer: no client reads it.
+const serveStatusClientClosed = 499
 
 func (s *serveService) initLimits() {
 	s.lim.slots = make(chan struct{}, s.cfg.MaxInflight)
@@ -204,6 +209,10 @@ func (s *serveService) classify(r *http.Request, err error) (int, string) {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
 		errors.Is(r.Context().Err(), context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, serveRejectTimeout
+	// A client that hung up cancels the request's context: its work stops,
+	// which is not the server's failure.
+	case errors.Is(err, context.Canceled) || errors.Is(r.Context().Err(), context.Canceled):
+		return serveStatusClientClosed, serveRejectCanceled
 	case errors.As(err, &mb):
 		return http.StatusRequestEntityTooLarge, serveRejectBodySize
 	case errors.As(err, &tl):
@@ -227,6 +236,8 @@ func (s *serveService) answerError(w http.ResponseWriter, r *http.Request, path 
 		w.Header().Set("Retry-After", serveRetryAfter)
 		msg = fmt.Sprintf("request timeout: not answered within %v (--request-timeout): %v", s.cfg.RequestTimeout, err)
 		s.log.Info("kvsource serve: request timed out", "path", path, "remote", r.RemoteAddr, "err", err)
+	case reason == serveRejectCanceled:
+		s.log.Info("kvsource serve: client gone before the answer", "path", path, "remote", r.RemoteAddr, "err", err)
 	case code == http.StatusBadRequest || code == http.StatusRequestEntityTooLarge:
 		s.log.Info("kvsource serve: bad request", "path", path, "remote", r.RemoteAddr, "err", err)
 	case code == http.StatusNotFound:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -257,4 +258,18 @@ func TestServeCountsAnswersTheClientNeverGotAsAborted(t *testing.T) {
 	require.Equal(t, 1.0, serveCount(s, "kvsource_http_aborted_total", "code", "400", "path", "/v1/score"))
 	require.Zero(t, serveAnswered(s, "/v1/score", http.StatusOK))
 	require.Zero(t, serveAnswered(s, "/v1/score", http.StatusBadRequest))
+}
+
+// A client that hangs up cancels its request: counted as such, not as the
+// server's 500.
+func TestServeClassifiesAClientThatHungUpApartFromFailures(t *testing.T) {
+	var s serveService
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest(http.MethodPost, "/v1/score", nil).WithContext(ctx)
+	code, reason := s.classify(r, fmt.Errorf("picker: hashing: stopped: %w", context.Canceled))
+	require.Equal(t, serveStatusClientClosed, code)
+	require.Equal(t, serveRejectCanceled, reason)
+	code, _ = s.classify(httptest.NewRequest(http.MethodPost, "/v1/score", nil), errors.New("boom"))
+	require.Equal(t, http.StatusInternalServerError, code)
 }
