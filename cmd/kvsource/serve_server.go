@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -364,7 +363,7 @@ func (s *serveService) muxErrors(mux *http.ServeMux) http.Handler {
 		ew := &serveMuxErrorWriter{ResponseWriter: w, r: r}
 		mux.ServeHTTP(ew, r)
 		if ew.code == http.StatusMethodNotAllowed {
-			s.requests.WithLabelValues(r.URL.Path, strconv.Itoa(ew.code)).Inc()
+			s.countAnswer(w, r.URL.Path, ew.code)
 		}
 	})
 }
