@@ -181,7 +181,9 @@ func parseCalibrateFlags(args []string, stderr io.Writer) (calibConfig, error) {
 	if _, _, err := calibSplitHostPort(cfg.SourceP2P); err != nil {
 		return cfg, fmt.Errorf("--source-p2p: %w", err)
 	}
-	if len(slices.Compact(slices.Sorted(slices.Values(cfg.Lengths)))) < 3 {
+	// A length given twice would be measured twice under the same salts.
+	cfg.Lengths = slices.Compact(slices.Sorted(slices.Values(cfg.Lengths)))
+	if len(cfg.Lengths) < 3 {
 		return cfg, errors.New("--lengths needs at least 3 distinct lengths (the recompute fit is quadratic)")
 	}
 	switch {
