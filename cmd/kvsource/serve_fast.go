@@ -62,8 +62,9 @@ func servePutBuf(b *serveBuf) {
 func serveReadBody(r *http.Request, buf []byte) ([]byte, error) {
 	buf = buf[:0]
 	if r.ContentLength > 0 && r.ContentLength <= serveBodyLimit(serveDefaultMaxTokens) {
-		// One more byte, so that reading EOF does not grow the buffer.
-		// (The body's own bound is the MaxBytesReader admit set.)
+		// One more byte, so that reading EOF does not grow the buffer. The
+		// body's own bound is admit's (its MaxBytesReader); this one only
+		// keeps a handler called without admit from trusting a header.
 		buf = slices.Grow(buf, int(r.ContentLength)+1)
 	}
 	for {
