@@ -36,8 +36,11 @@ func Diagnose(router Config, engineBlockSize int, req Request, keys []uint64) Di
 	if engineBlockSize < 1 || len(keys) == 0 {
 		return d
 	}
-	seeds := append([]string{d.Router.Seed}, diagnoseSeeds...)
-	algos := append([]Algo{d.Router.Algo}, Algos...)
+	// Only the blocks the engine's keys cover are compared, and each
+	// configuration is tried once.
+	req.Tokens = req.Tokens[:min(len(req.Tokens), len(keys)*engineBlockSize)]
+	seeds := slices.Compact(slices.Sorted(slices.Values(append([]string{d.Router.Seed}, diagnoseSeeds...))))
+	algos := slices.Compact(slices.Sorted(slices.Values(append([]Algo{d.Router.Algo}, Algos...))))
 	var got []uint64
 	for _, seed := range seeds {
 		for _, algo := range algos {
