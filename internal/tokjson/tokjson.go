@@ -62,6 +62,9 @@ const (
 var ErrSyntax = errors.New("tokjson: invalid request JSON")
 
 // restPool holds the buffers the other members are copied into.
+// restPoolKeep is the largest buffer restPool keeps.
+const restPoolKeep = 64 << 10
+
 var restPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 // Unmarshal decodes the JSON object data into v as described in the package
@@ -89,7 +92,13 @@ func Unmarshal(data []byte, v any, dst []uint32) ([]uint32, error) {
 		return nil, syntaxErr(i, "request body is not a JSON object")
 	}
 	bp := restPool.Get().(*[]byte)
-	defer restPool.Put(bp)
+	defer func() {
+		// A body with long other members grows its buffer: keep only
+		// ordinary ones, or every pooled buffer ends up the largest seen.
+		if cap(*bp) <= restPoolKeep {
+			restPool.Put(bp)
+		}
+	}()
 	rest := append((*bp)[:0], '{')
 	var tokens []uint32
 	var plain, b64 bool
