@@ -490,15 +490,19 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
 				r.s.proc.NoPod(topic, m.Seq)
 				continue
 			}
-			if !r.sender(pod, meta["Peer-Address"], m.Seq) {
+			src = r.sources[pod]
+			// A malformed name goes on to the processor, which drops and
+			// counts it (bad_topic); it must take no slot of its sender's
+			// pods or of the sources.
+			valid := src != nil || events.ValidPodName(pod) == nil
+			if valid && !r.sender(pod, meta["Peer-Address"], m.Seq) {
 				continue
 			}
-			src = r.sources[pod]
 			if src == nil {
 				src = &source{pod: pod}
 				// Bounded like the holders: names a peer makes up must not
 				// grow the map without end.
-				if len(r.sources) < r.s.proc.Config().MaxHolders {
+				if valid && len(r.sources) < r.s.proc.Config().MaxHolders {
 					r.sources[pod] = src
 				}
 			}
