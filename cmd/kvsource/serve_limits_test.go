@@ -146,7 +146,8 @@ func TestServeRefusesTooManyTokensAndOversizeBodiesWith413(t *testing.T) {
 	// /v1/done has a small body limit of its own.
 	code, body = serveCall(t, "POST", base+"/v1/done", `{"request_id":"`+strings.Repeat(" ", serveSmallBodyLimit)+`"}`)
 	require.Equal(t, http.StatusRequestEntityTooLarge, code, "%s", body)
-	require.Equal(t, 1.0, serveAnswered(s, "/v1/done", http.StatusRequestEntityTooLarge))
+	// Counted once the answer is written, which the client may see first.
+	require.Eventually(t, func() bool { return serveAnswered(s, "/v1/done", http.StatusRequestEntityTooLarge) == 1.0 }, 10*time.Second, time.Millisecond)
 }
 
 func TestServeAnswers503WithRetryAfterBeyondTheRequestsInFlight(t *testing.T) {
@@ -180,7 +181,8 @@ func TestServeAnswers503WithRetryAfterBeyondTheRequestsInFlight(t *testing.T) {
 		require.Equal(t, "1", resp.Header.Get("Retry-After"))
 		require.JSONEq(t, `{"error":"overloaded: 1 requests in flight (--max-inflight-requests), retry later"}`, string(msg))
 		require.Equal(t, 1.0, serveRejected(s, path, serveRejectOverload))
-		require.Equal(t, 1.0, serveAnswered(s, path, http.StatusServiceUnavailable))
+		// Counted once the answer is written, which the client may see first.
+		require.Eventually(t, func() bool { return serveAnswered(s, path, http.StatusServiceUnavailable) == 1.0 }, 10*time.Second, time.Millisecond)
 	}
 	// Health checks and releases are not held back by the limit.
 	code, _ := serveCall(t, "GET", base+"/healthz", nil)
@@ -238,7 +240,8 @@ func TestServeAnswers503AtTheRequestTimeout(t *testing.T) {
 		}
 	})
 	require.Equal(t, 2.0, serveRejected(s, "/v1/score", serveRejectTimeout))
-	require.Equal(t, 2.0, serveAnswered(s, "/v1/score", http.StatusServiceUnavailable))
+	// Counted once the answer is written, which the client may see first.
+	require.Eventually(t, func() bool { return serveAnswered(s, "/v1/score", http.StatusServiceUnavailable) == 2.0 }, 10*time.Second, time.Millisecond)
 	require.Equal(t, 1.0, serveRejected(s, "/v1/pick", serveRejectTimeout))
 	require.Zero(t, serveAnswered(s, "/v1/score", http.StatusOK))
 }
