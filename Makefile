@@ -39,6 +39,7 @@ fuzz: deps
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzEscapeToken -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseBatch -fuzztime $(FUZZTIME)
+	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseSourcesTable -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)

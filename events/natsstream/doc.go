@@ -3,11 +3,12 @@
 // replicas consume it into their own in-memory index, a shared snapshot
 // in the JetStream object store lets a new replica start warm, and a
 // key-value bucket shares in-flight pulls so that replicas spread them
-// fleet-wide.
+// fleet-wide; another carries the relay's holder states, so that replicas
+// pull only from live holders.
 //
 //	engines --ZMQ--> relay(s) --> JetStream stream --> replicas (index, picker, HTTP)
 //	                                   |  object store: snapshots
-//	                                   |  KV: relay lease, snapshot lease, in-flight pulls
+//	                                   |  KV: relay lease, snapshot lease, in-flight pulls, sources
 //
 // # Relay
 //
@@ -80,4 +81,14 @@
 // a key in <Stream>_PULLS (TTL the picker's in-flight TTL) until it is
 // done, and every replica watches the bucket, so each one's in-flight
 // counts include the others' pulls, a few milliseconds late.
+//
+// # Live sources
+//
+// Only the relay's subscriber sees the engines' connections, so only it
+// knows which holders may serve a pull (events.Processor.Source). The
+// leading relay writes every holder's state to <Stream>_SOURCES each
+// SourcesConfig.Interval (Sources.Publish); replicas watch it and give
+// Sources.Source to their pickers. A holder the table does not list, or
+// every holder once no relay has written for three intervals, is no
+// source: a replica never pulls from a holder no relay vouches for.
 package natsstream

@@ -295,3 +295,6 @@ func (r *Relay) publish(ctx context.Context, s *relaySubject, i int) bool {
 		wait = min(2*wait, time.Second)
 	}
 }
+
+// Leader reports whether the relay holds the relay lease and publishes.
+func (r *Relay) Leader() bool { return r.lease.held() }

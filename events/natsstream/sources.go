@@ -1,0 +1,227 @@
+package natsstream
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/index"
+)
+
+// DefaultSourcesInterval is SourcesConfig.Interval's default.
+const DefaultSourcesInterval = time.Second
+
+// SourcesConfig configures a Sources. Only JetStream is required.
+type SourcesConfig struct {
+	Config
+	// JetStream is the client the table is written and watched with.
+	JetStream jetstream.JetStream
+	// Interval is how often the leading relay writes the table. The
+	// bucket keeps it three intervals: when no relay writes for that
+	// long, every holder stops being a source. Default
+	// DefaultSourcesInterval; relays and replicas must use the same.
+	Interval time.Duration
+	// Logger receives the logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Sources carries which holders may serve pulls from the relay, whose
+// subscriber hears the engines and sees their connections, to the
+// replicas, which pick but hear no engine: a replica's index alone cannot
+// tell a live holder from one whose engine was killed a second ago.
+//
+// The leading relay writes its processor's holder states as one value of
+// a key-value bucket (<Stream>_SOURCES) every Interval; a replica watches
+// it and answers Source from the newest table. A holder the table does
+// not list, or every holder once the table expired, is no source: the
+// replica never pulls from a holder no relay vouches for.
+type Sources struct {
+	cfg   SourcesConfig
+	kv    jetstream.KeyValue
+	log   *slog.Logger
+	table atomic.Pointer[map[index.Holder]string]
+
+	written, writeErrors, updates atomic.Uint64
+}
+
+// sourcesKey is the table's key: one table, the leading relay's.
+const sourcesKey = "table"
+
+// NewSources creates or updates the sources bucket.
+func NewSources(ctx context.Context, cfg SourcesConfig) (*Sources, error) {
+	if cfg.JetStream == nil {
+		return nil, fmt.Errorf("%w: SourcesConfig.JetStream is required", ErrConfig)
+	}
+	cfg.Config = cfg.Config.withDefaults()
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultSourcesInterval
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	// JetStream's expiry markers need a TTL of a second at least; the
+	// watcher drops a table older than three intervals itself.
+	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SOURCES", max(3*cfg.Interval, time.Second))
+	if err != nil {
+		return nil, err
+	}
+	return &Sources{cfg: cfg, kv: kv, log: log}, nil
+}
+
+// Publish writes status's holder states every Interval while leader
+// reports true, until ctx is done. A relay runs it with its subscriber's
+// Status and its own Leader.
+func (s *Sources) Publish(ctx context.Context, status func() []events.HolderStatus, leader func() bool) error {
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	var buf []byte
+	for {
+		if leader() {
+			buf = appendSourcesTable(buf[:0], status())
+			pctx, cancel := context.WithTimeout(ctx, s.cfg.Interval)
+			_, err := s.kv.Put(pctx, sourcesKey, buf)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				s.writeErrors.Add(1)
+				s.log.Debug("natsstream: sources table write failed", "err", err)
+			} else if err == nil {
+				s.written.Add(1)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// Watch follows the table until ctx is done.
+func (s *Sources) Watch(ctx context.Context) error {
+	for {
+		s.watch(ctx)
+		s.table.Store(nil)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(s.cfg.Interval):
+		}
+	}
+}
+
+func (s *Sources) watch(ctx context.Context) {
+	w, err := s.kv.Watch(ctx, sourcesKey)
+	if err != nil {
+		s.log.Warn("natsstream: sources watch failed", "err", err)
+		return
+	}
+	defer w.Stop()
+	// Expiry markers can be late or lost: a table older than the bucket's
+	// TTL is dropped here too.
+	check := time.NewTicker(s.cfg.Interval)
+	defer check.Stop()
+	var at time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-check.C:
+			if !at.IsZero() && time.Since(at) > 3*s.cfg.Interval {
+				s.table.Store(nil)
+				at = time.Time{}
+			}
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				s.table.Store(nil)
+				at = time.Time{}
+				continue
+			}
+			t, err := parseSourcesTable(e.Value())
+			if err != nil {
+				s.log.Warn("natsstream: dropped a malformed sources table", "err", err)
+				continue
+			}
+			s.table.Store(&t)
+			at = e.Created()
+			s.updates.Add(1)
+		}
+	}
+}
+
+// Source implements picker.Config.Sources: whether the leading relay's
+// newest table lists h as live. A holder it does not list, or any holder
+// while there is no table, is events.StateStale.
+func (s *Sources) Source(h index.Holder) (state string, ok bool) {
+	t := s.table.Load()
+	if t == nil {
+		return events.StateStale, false
+	}
+	st, known := (*t)[h]
+	if !known {
+		return events.StateStale, false
+	}
+	return st, st == events.StateLive
+}
+
+// SourcesStats are a Sources' counters.
+type SourcesStats struct {
+	Written, WriteErrors uint64 // tables this relay wrote, and failed to
+	Updates              uint64 // tables this replica received
+	Holders              int    // holders in the table now, -1 for none
+}
+
+// Stats returns the counters.
+func (s *Sources) Stats() SourcesStats {
+	st := SourcesStats{Written: s.written.Load(), WriteErrors: s.writeErrors.Load(), Updates: s.updates.Load(), Holders: -1}
+	if t := s.table.Load(); t != nil {
+		st.Holders = len(*t)
+	}
+	return st
+}
+
+// The table is one line per holder, "state rank pod\n": pod names are
+// printable ASCII without spaces (events.ValidPodName), states are words.
+func appendSourcesTable(b []byte, hs []events.HolderStatus) []byte {
+	for _, h := range hs {
+		b = append(b, h.State...)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(h.Rank), 10)
+		b = append(b, ' ')
+		b = append(b, h.Pod...)
+		b = append(b, '\n')
+	}
+	return b
+}
+
+var errSourcesTable = errors.New("natsstream: bad sources table line")
+
+func parseSourcesTable(b []byte) (map[index.Holder]string, error) {
+	t := map[index.Holder]string{}
+	for len(b) > 0 {
+		line, rest, _ := bytes.Cut(b, []byte{'\n'})
+		b = rest
+		state, tail, ok1 := bytes.Cut(line, []byte{' '})
+		rank, pod, ok2 := bytes.Cut(tail, []byte{' '})
+		r, err := strconv.Atoi(string(rank))
+		if !ok1 || !ok2 || err != nil || r < 0 || events.ValidPodName(string(pod)) != nil {
+			return nil, fmt.Errorf("%w: %q", errSourcesTable, line)
+		}
+		t[index.Holder{Pod: string(pod), Rank: r}] = string(state)
+	}
+	return t, nil
+}
