@@ -29,7 +29,7 @@ import (
 //	                 "destination_dp_rank"?, "candidates"?: [{"pod", "dp_rank"?, "waiting", "load"?}], "min_cached_token_delta"?}
 //	                -> {"destination", "source" (or null), "reason", "destination_cached_blocks", "source_blocks",
 //	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params",
-//	                    "predicted_saving_ms" (with --calibration), ...}
+//	                    "predicted_saving_ms" (with --calibration), "skipped_sources", "skipped_state"?, ...}
 //	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight
 //	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "state", "inflight_pulls",
 //	                 and each per-holder counter of events.Counters: "gaps", "replays", "decode_errors",
@@ -48,9 +48,17 @@ import (
 // down gracefully, saving the --snapshot file, which start-up loads; it is
 // also saved every --snapshot-interval, so a crash loses at most that (see
 // serve_snapshot.go). A holder loaded from the snapshot is listed "stale" in
-// /v1/pods, with its saved last_seq, until its pod publishes again; if it
-// never does, each save writes it again with
-// that last_seq, so it stays, stale, across restarts (see saveSnapshot).
+// /v1/pods, with its saved last_seq, until its pod publishes again; it
+// scores but is never a pull source, and if it does not publish within
+// --snapshot-expiry its entries are removed (so that saves drop it).
+//
+// /v1/pods states: "live" (heard from since start and connected: the only
+// pull sources), "stale", "disconnected" (its connection went down: the
+// socket monitor sees a closed connection at once, a silent one within
+// three heartbeats) and "conflict" (two sequence streams under one name).
+// A pick that passed over holders in another state says so in
+// "skipped_sources" and "skipped_state", and answers "no_live_source" when
+// only they could have extended the prefix.
 //
 // On --events-bind, a topic naming a pod by an IP ("kv@10.0.0.7:8000@m") is
 // accepted only from that IP, and one naming it by a DNS name only from
@@ -88,6 +96,11 @@ type serveConfig struct {
 	EventsAllow         []netip.Prefix
 	EventsNoSenderCheck bool
 	EventsPodsPerSender int
+	// EventsMaxHolders bounds the holders followed (events.Config.MaxHolders).
+	EventsMaxHolders int
+	// SnapshotExpiry is how long holders restored from the snapshot that
+	// never publish keep their entries.
+	SnapshotExpiry      time.Duration
 	EventsConnect       []servePodEndpoint
 	EventsReplay        []servePodEndpoint
 	HTTP                string
@@ -177,6 +190,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.Var(&allow, "events-allow", "a sender network (CIDR) --events-bind accepts pods named by DNS names from (repeatable; default loopback only); a pod named by an IP is accepted from that IP only")
 	fs.BoolVar(&cfg.EventsNoSenderCheck, "events-no-sender-check", false, "accept any sender on --events-bind for any pod name (only where every peer that reaches the port is trusted)")
 	fs.IntVar(&cfg.EventsPodsPerSender, "events-max-pods-per-sender", 64, "pods one sender address may publish for on --events-bind")
+	fs.IntVar(&cfg.EventsMaxHolders, "events-max-holders", 4096, "holders (pod, data-parallel rank) followed; at the bound the least recently heard one, stale first, is evicted to make room")
+	fs.DurationVar(&cfg.SnapshotExpiry, "snapshot-expiry", 10*time.Minute, "how long holders restored from the snapshot that never publish keep their entries")
 	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL] (repeatable); "+
 		"model= names the pod's model when its topic does not (vLLM's default topic is empty)")
 	fs.Var(&replay, "events-replay", "replay endpoint of a pod that connects to --events-bind: POD=tcp://HOST:PORT, rank 0's; rank r's port is r higher (repeatable)")
@@ -266,6 +281,12 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 			return cfg, fmt.Errorf("--events-allow %q: want a network such as 10.0.0.0/8: %w", a, err)
 		}
 		cfg.EventsAllow = append(cfg.EventsAllow, p.Masked())
+	}
+	if cfg.SnapshotExpiry <= 0 {
+		return cfg, fmt.Errorf("--snapshot-expiry must be positive, got %v", cfg.SnapshotExpiry)
+	}
+	if cfg.EventsMaxHolders < 1 {
+		return cfg, fmt.Errorf("--events-max-holders must be at least 1, got %d", cfg.EventsMaxHolders)
 	}
 	if cfg.EventsPodsPerSender < 1 {
 		return cfg, fmt.Errorf("--events-max-pods-per-sender must be at least 1, got %d", cfg.EventsPodsPerSender)

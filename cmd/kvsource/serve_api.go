@@ -78,21 +78,25 @@ type servePickRequest struct {
 }
 
 type servePickResponse struct {
-	Destination             string                  `json:"destination"`
-	DestinationDPRank       int                     `json:"destination_dp_rank"`
-	Source                  *string                 `json:"source"`
-	SourceDPRank            *int                    `json:"source_dp_rank,omitempty"`
-	Reason                  picker.Reason           `json:"reason"`
-	Blocks                  int                     `json:"blocks"`
-	BlockSize               int                     `json:"block_size"`
-	DestinationCachedBlocks int                     `json:"destination_cached_blocks"`
-	SourceBlocks            int                     `json:"source_blocks"`
-	BestSourceBlocks        int                     `json:"best_source_blocks"`
-	RecomputeBlocks         int                     `json:"recompute_blocks"`
-	PredictedSavingMillis   *float64                `json:"predicted_saving_ms,omitempty"`
-	MissingBlocks           []string                `json:"missing_blocks"`
-	Header                  map[string]string       `json:"header"`
-	KVTransferParams        picker.KVTransferParams `json:"kv_transfer_params"`
+	Destination             string        `json:"destination"`
+	DestinationDPRank       int           `json:"destination_dp_rank"`
+	Source                  *string       `json:"source"`
+	SourceDPRank            *int          `json:"source_dp_rank,omitempty"`
+	Reason                  picker.Reason `json:"reason"`
+	Blocks                  int           `json:"blocks"`
+	BlockSize               int           `json:"block_size"`
+	DestinationCachedBlocks int           `json:"destination_cached_blocks"`
+	SourceBlocks            int           `json:"source_blocks"`
+	BestSourceBlocks        int           `json:"best_source_blocks"`
+	// SkippedSources counts holders that could have extended the prefix
+	// but were no live source; SkippedState is the best one's state.
+	SkippedSources        int                     `json:"skipped_sources"`
+	SkippedState          string                  `json:"skipped_state,omitempty"`
+	RecomputeBlocks       int                     `json:"recompute_blocks"`
+	PredictedSavingMillis *float64                `json:"predicted_saving_ms,omitempty"`
+	MissingBlocks         []string                `json:"missing_blocks"`
+	Header                map[string]string       `json:"header"`
+	KVTransferParams      picker.KVTransferParams `json:"kv_transfer_params"`
 }
 
 type serveErrorJSON struct {

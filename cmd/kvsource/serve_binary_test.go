@@ -202,10 +202,17 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 		require.NoError(t, json.Unmarshal(body, &d))
 		return d
 	}
+	// Known only from the snapshot, the holder scores but serves no pull
+	// until its engine is heard from again.
 	d := pick(second.base)
-	require.Equal(t, "pull", string(d.Reason))
-	require.Equal(t, pod, *d.Source)
-	require.Equal(t, 6, d.SourceBlocks)
+	require.Equal(t, "no_live_source", string(d.Reason))
+	require.Nil(t, d.Source)
+	require.Equal(t, 1, d.SkippedSources)
+	require.Equal(t, "stale", d.SkippedState)
+	restored, ok := eng.podState(second.base)
+	require.True(t, ok)
+	require.Equal(t, "stale", restored.State)
+	require.Equal(t, map[string]int{"GPU": 8, "CPU": 6}, restored.Blocks)
 
 	// The engine's next batches follow on the saved sequence number; any
 	// the restarted subscriber missed are replayed, none is a restart.
@@ -215,7 +222,10 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 	require.Greater(t, st2.LastSeq, st.LastSeq)
 	require.Equal(t, 8, st2.Blocks["GPU"])
 	require.Equal(t, "live", st2.State)
-	require.Equal(t, 4, pick(second.base).SourceBlocks)
+	d = pick(second.base)
+	require.Equal(t, "pull", string(d.Reason))
+	require.Equal(t, pod, *d.Source)
+	require.Equal(t, 4, d.SourceBlocks)
 	second.stop(t)
 
 	// A damaged snapshot stops start-up with a clear error.
@@ -233,6 +243,8 @@ type serveBinaryEngine struct {
 	args   []string // the binary's --events-bind and --events-replay
 	tokens []uint32
 	keys   []uint64
+	// pod, when set, is the pod podState reads among others.
+	pod string
 }
 
 // newServeBinaryEngine starts the engine; the prompt's token i is mul*i.
@@ -257,14 +269,25 @@ func newServeBinaryEngine(t *testing.T, pod, model string, mul uint32) *serveBin
 		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort)}}
 }
 
-// podState is the service's only pod in /v1/pods.
+// podState is the engine's pod in /v1/pods: e.pod, or the service's only pod.
 func (e *serveBinaryEngine) podState(base string) (servePodJSON, bool) {
 	var resp struct{ Pods []servePodJSON }
 	code, body := serveCall(e.t, "GET", base+"/v1/pods", nil)
-	if code != http.StatusOK || json.Unmarshal(body, &resp) != nil || len(resp.Pods) != 1 {
+	if code != http.StatusOK || json.Unmarshal(body, &resp) != nil {
 		return servePodJSON{}, false
 	}
-	return resp.Pods[0], true
+	if e.pod == "" {
+		if len(resp.Pods) != 1 {
+			return servePodJSON{}, false
+		}
+		return resp.Pods[0], true
+	}
+	for _, p := range resp.Pods {
+		if p.Pod == e.pod {
+			return p, true
+		}
+	}
+	return servePodJSON{}, false
 }
 
 // publishUntil publishes b, again every 300ms (a connecting publisher's

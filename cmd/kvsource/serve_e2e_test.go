@@ -153,13 +153,15 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 		return map[string]any{"events": evs, "dp_rank": rank, "ts": 1.5}
 	}
 	topic := func(pod string) string { return "kv@" + pod + "@" + model }
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// The publishers stay up (their linger) until the test kills them: a
+	// holder is a pull source only while its engine's connection is.
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	pubs := []pyPublisher{
 		// Pod A binds its PUB socket; the service connects (llm-d's pod
 		// discovery mode).
 		{[]string{"--endpoint", fmt.Sprintf("tcp://*:%d", portA), "--topic", topic(podA.Pod),
-			"--replay", fmt.Sprintf("tcp://*:%d", replayA), "--warmup", "1", "--linger", "2"},
+			"--replay", fmt.Sprintf("tcp://*:%d", replayA), "--warmup", "1", "--linger", "120"},
 			[]map[string]any{
 				batch(0, pyStoredEvent(keys, tokens, 0, 6, "GPU", lora)),
 				batch(0, pyStoredEvent(keys, tokens, 0, 6, "CPU", lora)),
@@ -167,7 +169,7 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 		// Pod B too, in the older array layout, and its offload batch is
 		// lost live: the service must notice the gap and replay it.
 		{[]string{"--endpoint", fmt.Sprintf("tcp://*:%d", portB), "--topic", topic(podB.Pod), "--layout", "array",
-			"--replay", fmt.Sprintf("tcp://*:%d", replayB), "--drop-seq", "1", "--warmup", "1", "--linger", "2"},
+			"--replay", fmt.Sprintf("tcp://*:%d", replayB), "--drop-seq", "1", "--warmup", "1", "--linger", "120"},
 			[]map[string]any{
 				batch(0, pyStoredEvent(keys, tokens, 0, 20, "GPU", lora)),
 				batch(0, pyStoredEvent(keys, tokens, 0, 15, "CPU", lora)),
@@ -175,14 +177,14 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 			}},
 		// Pod C (data-parallel rank 1) connects to the service's bind socket.
 		{[]string{"--endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), "--topic", topic(podC.Pod),
-			"--replay", fmt.Sprintf("tcp://*:%d", replayC), "--warmup", "1", "--linger", "2"},
+			"--replay", fmt.Sprintf("tcp://*:%d", replayC), "--warmup", "1", "--linger", "120"},
 			[]map[string]any{
 				batch(1, pyStoredEvent(keys, tokens, 0, 3, "GPU", lora)),
 				batch(1, pyStoredEvent(keys, tokens, 0, 3, "CPU", lora), pyStoredEvent(keys, tokens, 3, 12, "CPU", lora)),
 			}},
 		// Pod C's rank 0, its own engine process and event stream.
 		{[]string{"--endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), "--topic", topic(podC.Pod),
-			"--replay", fmt.Sprintf("tcp://*:%d", replayC0), "--warmup", "1", "--linger", "2"},
+			"--replay", fmt.Sprintf("tcp://*:%d", replayC0), "--warmup", "1", "--linger", "120"},
 			[]map[string]any{
 				batch(0, pyStoredEvent(keys, tokens, 0, 4, "CPU", lora)),
 			}},
@@ -209,9 +211,6 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 		pods = resp.Pods
 		return true
 	}, 15*time.Second, 50*time.Millisecond, "index never matched the published events")
-	for _, c := range cmds {
-		require.NoError(t, c.Wait())
-	}
 	for _, p := range pods {
 		require.Equal(t, model, p.Model)
 		require.Equal(t, "live", p.State, p.Pod)
@@ -437,10 +436,23 @@ func TestServeEndToEndWithVLLMPublisher(t *testing.T) {
 	} {
 		require.Contains(t, string(metrics), line+"\n")
 	}
-	// The publishers exit after their linger: their holders leave the
-	// pull sources, disconnected, their entries kept for scoring.
+	// kill -9 of the engines: their holders leave the pull sources within
+	// 5 s, disconnected, their entries kept for scoring.
+	for _, c := range cmds {
+		require.Nil(t, c.ProcessState, "a publisher exited before the test killed it")
+		require.NoError(t, c.Process.Kill())
+		_ = c.Wait()
+	}
+	killed := time.Now()
 	require.Eventually(t, func() bool {
 		_, metrics := serveCall(t, "GET", base+"/metrics", nil)
 		return strings.Contains(string(metrics), `kvsource_holders{state="disconnected"} 4`+"\n")
-	}, 15*time.Second, 20*time.Millisecond)
+	}, 5*time.Second, 20*time.Millisecond, "killed engines still listed as connected")
+	t.Logf("all four holders disconnected %v after the kill", time.Since(killed).Round(time.Millisecond))
+	after := pick(map[string]any{"request_id": "req-9", "destination": podA.Pod})
+	require.Equal(t, "no_live_source", string(after.Reason))
+	require.Nil(t, after.Source)
+	require.Equal(t, "disconnected", after.SkippedState)
+	require.Equal(t, 2, after.SkippedSources, "pod B and pod C's rank 1 extend pod A's prefix")
+	require.Zero(t, after.BestSourceBlocks, "best counts live sources only")
 }

@@ -131,6 +131,7 @@ func (a *servePickAnswer) response() servePickResponse {
 		Destination: d.Destination.Pod, DestinationDPRank: d.Destination.Rank, Reason: d.Reason,
 		Blocks: d.Blocks, BlockSize: d.BlockSize, DestinationCachedBlocks: d.Cached,
 		SourceBlocks: d.Gain, BestSourceBlocks: d.Best, RecomputeBlocks: d.Recompute,
+		SkippedSources: d.Skipped, SkippedState: d.SkippedState,
 		MissingBlocks: serveKeysJSON(d.Missing), Header: map[string]string{}, KVTransferParams: a.kv,
 	}
 	if d.Reason == picker.ReasonPull {
@@ -167,10 +168,16 @@ func (a *servePickAnswer) appendJSON(b []byte) ([]byte, error) {
 		name string
 		v    int
 	}{{`,"blocks":`, d.Blocks}, {`,"block_size":`, d.BlockSize}, {`,"destination_cached_blocks":`, d.Cached},
-		{`,"source_blocks":`, d.Gain}, {`,"best_source_blocks":`, d.Best}, {`,"recompute_blocks":`, d.Recompute}} {
+		{`,"source_blocks":`, d.Gain}, {`,"best_source_blocks":`, d.Best}, {`,"skipped_sources":`, d.Skipped}} {
 		b = append(b, f.name...)
 		b = strconv.AppendInt(b, int64(f.v), 10)
 	}
+	if d.SkippedState != "" {
+		b = append(b, `,"skipped_state":`...)
+		b = serveAppendString(b, d.SkippedState)
+	}
+	b = append(b, `,"recompute_blocks":`...)
+	b = strconv.AppendInt(b, int64(d.Recompute), 10)
 	if pull && a.saving {
 		b = append(b, `,"predicted_saving_ms":`...)
 		var ok bool

@@ -121,15 +121,16 @@ func serveB64(tokens []uint32) string {
 }
 
 func TestServeTakesTokensAsBase64AndAnswersAsForTheirJSON(t *testing.T) {
-	s, base := startServe(t)
+	s, base := startServe(t, "--events-bind", "tcp://127.0.0.1:0")
 	tokens := make([]uint32, 40*16+5)
 	for i := range tokens {
 		tokens[i] = uint32(i*7919) % 152064
 	}
 	keys, err := s.hasher.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "127.0.0.1:8002"}, Tier: index.TierCPU, Keys: keys})
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "127.0.0.1:8001"}, Tier: index.TierGPU, Keys: keys[:10]})
+	feed := newServeFeeder(t, s)
+	feed.store("127.0.0.1:8002", "m", "CPU", keys)
+	feed.store("127.0.0.1:8001", "m", "GPU", keys[:10])
 	for _, path := range []string{"/v1/score", "/v1/pick"} {
 		plain := map[string]any{"model": "m", "tokens": tokens, "destination": "127.0.0.1:8001", "request_id": "r"}
 		b64 := map[string]any{"model": "m", "tokens_b64": serveB64(tokens), "destination": "127.0.0.1:8001", "request_id": "r"}

@@ -92,6 +92,9 @@ type serveNATS struct {
 	relay   *natsstream.Relay
 	replica *natsstream.Replica
 	fleet   *natsstream.Fleet
+	// sources carries the relay's holder states to the replicas, whose
+	// pickers pull only from holders the relay has live.
+	sources *natsstream.Sources
 	wg      sync.WaitGroup
 }
 
@@ -128,11 +131,23 @@ func newServeNATS(cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
 				TTL: cfg.InflightTTL, Logger: log})
 		}
 	}
+	if err == nil {
+		n.sources, err = natsstream.NewSources(ctx, natsstream.SourcesConfig{Config: shared, JetStream: js, Logger: log})
+	}
 	if err != nil {
 		n.nc.Close()
 		return nil, err
 	}
 	return n, nil
+}
+
+// pickerSources is the picker's Config.Sources on a replica: the relay's
+// holder states. Elsewhere nil: the service's own subscriber knows them.
+func (n *serveNATS) pickerSources() func(index.Holder) (string, bool) {
+	if n == nil || n.replica == nil {
+		return nil
+	}
+	return n.sources.Source
 }
 
 // tap is the subscriber's Config.Tap: the relay's, else none.
@@ -151,17 +166,20 @@ func (n *serveNATS) pickerFleet() picker.Fleet {
 	return n.fleet
 }
 
-// start runs the relay, or the replica and its fleet, until ctx is done.
-func (n *serveNATS) start(ctx context.Context) {
+// start runs the relay and its holder states (from status), or the
+// replica, its fleet and the states it picks by, until ctx is done.
+func (n *serveNATS) start(ctx context.Context, status func() []events.HolderStatus) {
 	if n == nil {
 		return
 	}
 	if n.relay != nil {
 		n.wg.Go(func() { _ = n.relay.Run(ctx) })
+		n.wg.Go(func() { _ = n.sources.Publish(ctx, status, n.relay.Leader) })
 	}
 	if n.replica != nil {
 		n.wg.Go(func() { _ = n.replica.Run(ctx) })
 		n.wg.Go(func() { _ = n.fleet.Run(ctx) })
+		n.wg.Go(func() { _ = n.sources.Watch(ctx) })
 	}
 }
 
@@ -186,12 +204,15 @@ func (n *serveNATS) healthy() error {
 // their in-flight pulls fleet-wide, and the replica's progress.
 func (s *serveService) handleReplicaPods(w http.ResponseWriter, _ *http.Request) {
 	st := s.nats.replica.Status()
-	state := "live"
-	if s.nats.healthy() != nil {
-		state = "stale"
-	}
+	lagging := s.nats.healthy() != nil
 	pods := []servePodJSON{}
 	for _, hm := range s.idx.HolderList() {
+		// The relay's state of the holder; a replica lagging the stream
+		// has entries older than that says.
+		state, _ := s.nats.sources.Source(hm.Holder)
+		if lagging && state == events.StateLive {
+			state = events.StateStale
+		}
 		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
 			Blocks: s.holderBlocks(hm.Model, hm.Holder), State: state,
 			InflightPulls: s.pk.Inflight(hm.Holder) + s.nats.fleet.Inflight(hm.Holder)})

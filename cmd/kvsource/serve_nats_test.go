@@ -53,9 +53,9 @@ func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
 		return resp
 	}
 	// The engine goes on publishing, as one does; the last batch stores
-	// the prompt's blocks.
+	// the prompt's blocks, in the CPU tier pulls are served from.
 	require.Eventually(t, func() bool {
-		_, err := pub.Publish(&events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: hashing.DefaultBlockSize, Medium: "GPU"}}})
+		_, err := pub.Publish(&events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: keys, BlockSize: hashing.DefaultBlockSize, Medium: "CPU"}}})
 		require.NoError(t, err)
 		r := score(replicaURL)
 		return len(r.Pods) == 1 && r.Pods[0].MatchedBlocks == len(keys)
@@ -81,6 +81,32 @@ func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
 	code, body = serveCall(t, "GET", replicaURL+"/metrics", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, string(body), "kvsource_replica_lag_seconds")
+
+	// The replica hears no engine: it pulls from holders the relay has
+	// live, and stops when the relay sees the engine go.
+	pick := func() servePickResponse {
+		code, body := serveCall(t, "POST", replicaURL+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.9:8000"})
+		require.Equal(t, http.StatusOK, code, string(body))
+		var d servePickResponse
+		require.NoError(t, json.Unmarshal(body, &d))
+		return d
+	}
+	require.Eventually(t, func() bool { return pick().Reason == "pull" }, 10*time.Second, 20*time.Millisecond, "the relay's table never reached the replica")
+	code, body = serveCall(t, "GET", replicaURL+"/v1/pods", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.NoError(t, json.Unmarshal(body, &pods))
+	require.Equal(t, "live", pods.Pods[0].State)
+	require.NoError(t, pub.Close())
+	closed := time.Now()
+	require.Eventually(t, func() bool {
+		d := pick()
+		return d.Reason == "no_live_source" && d.SkippedState == "disconnected"
+	}, 5*time.Second, 20*time.Millisecond, "the replica still pulls from an engine that went away")
+	t.Logf("the replica stopped pulling %v after the engine went away", time.Since(closed).Round(time.Millisecond))
+	code, body = serveCall(t, "GET", replicaURL+"/v1/pods", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.NoError(t, json.Unmarshal(body, &pods))
+	require.Equal(t, "disconnected", pods.Pods[0].State)
 }
 
 func TestServeRejectsNATSFlagsThatCannotWork(t *testing.T) {

@@ -90,7 +90,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
-		ReplayDeadline: cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap()}
+		ReplayDeadline: cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap(), SnapshotExpiry: cfg.SnapshotExpiry, MaxHolders: cfg.EventsMaxHolders}
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
@@ -118,6 +118,12 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	pcfg := picker.Config{
 		Index: s.idx, Hasher: h, HashCache: s.hashCache, MinCachedTokenDelta: cfg.MinCachedTokenDelta,
 		P2PPort: cfg.P2PPort, InflightTTL: cfg.InflightTTL, Fleet: s.nats.pickerFleet(),
+	}
+	// Only live holders serve pulls: those this service's subscriber
+	// hears, or on a replica those the relay's does.
+	pcfg.Sources = s.sub.Source
+	if src := s.nats.pickerSources(); src != nil {
+		pcfg.Sources = src
 	}
 	if cfg.Calibration != "" {
 		cal, err := serveLoadCalibration(cfg.Calibration)
@@ -196,7 +202,7 @@ func (s *serveService) Start(ctx context.Context) error {
 	s.subDone = done
 	go func() { done <- s.sub.Run(subCtx) }()
 	go s.forgetExpiredPulls(subCtx)
-	s.nats.start(subCtx)
+	s.nats.start(subCtx, s.sub.Status)
 	s.startSnapshots(subCtx)
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

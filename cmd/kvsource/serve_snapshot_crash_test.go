@@ -177,13 +177,15 @@ func TestServeBinaryRestartsFromThePeriodicSnapshotAfterKill9(t *testing.T) {
 	second.waitLog(t, "snapshot loaded")
 	second.waitLog(t, "removed a temporary snapshot file an interrupted save left")
 	require.NoFileExists(t, stale)
-	code, body := serveCall(t, "POST", second.base+"/v1/pick", map[string]any{
-		"model": model, "tokens": tokens, "destination": "127.0.0.1:8008", "request_id": "r"})
+	// It scores from the snapshot before any event (a pull waits until
+	// the engine is heard from: TestServeBinaryKeepsItsIndexAcrossRestarts).
+	code, body := serveCall(t, "POST", second.base+"/v1/score", map[string]any{"model": model, "tokens": tokens})
 	require.Equal(t, http.StatusOK, code, "%s", body)
-	var d servePickResponse
-	require.NoError(t, json.Unmarshal(body, &d))
-	require.Equal(t, "pull", string(d.Reason), "%s", body)
-	require.Equal(t, 6, d.SourceBlocks)
+	var sc serveScoreResponse
+	require.NoError(t, json.Unmarshal(body, &sc))
+	require.Len(t, sc.Pods, 1, "%s", body)
+	require.Equal(t, pod, sc.Pods[0].Pod)
+	require.Equal(t, map[string]int{"GPU": 8, "CPU": 6}, sc.Pods[0].Tiers)
 
 	// The engine goes on from the saved sequence number: no restart.
 	st2 := publishUntil(second.base, &events.Batch{Events: []events.Event{

@@ -45,16 +45,22 @@ func TestServeListsExpandsAndKeepsSnapshotHoldersNotYetHeardFrom(t *testing.T) {
 			Counters: zeroHolderCounters()},
 	}, pods.Pods)
 
-	// A candidate without dp_rank stands for the ranks the snapshot knows.
+	// A candidate without dp_rank stands for the ranks the snapshot knows:
+	// here rank 1, which holds the prompt but, known only from the
+	// snapshot, scores and serves no pull.
 	code, body = serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": model, "tokens": tokens,
 		"destination": "10.0.0.9:8000", "candidates": []map[string]any{{"pod": rank1.Pod}}})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	var pick servePickResponse
 	require.NoError(t, json.Unmarshal(body, &pick))
-	require.Equal(t, "pull", string(pick.Reason))
-	require.Equal(t, rank1.Pod, *pick.Source)
-	require.Equal(t, 1, *pick.SourceDPRank)
-	require.Equal(t, 8, pick.SourceBlocks)
+	require.Equal(t, "no_live_source", string(pick.Reason))
+	require.Nil(t, pick.Source)
+	require.Equal(t, 1, pick.SkippedSources)
+	require.Equal(t, "stale", pick.SkippedState)
+	require.Zero(t, pick.SourceBlocks)
+	code, body = serveCall(t, "POST", base+"/v1/score", map[string]any{"model": model, "tokens": tokens})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.Contains(t, string(body), `"pod":"10.0.0.5:8000","dp_rank":1,"matched_blocks":8`)
 
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
 	require.Contains(t, string(metrics), "kvsource_holders{state=\"stale\"} 2\n")

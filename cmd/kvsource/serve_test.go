@@ -296,14 +296,14 @@ func TestServeAnswersOtherMethodsAndPathsWithJSONErrorsFromTheMux(t *testing.T) 
 }
 
 func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
-	s, base := startServe(t, "--inflight-ttl", "1s")
+	s, base := startServe(t, "--inflight-ttl", "1s", "--events-bind", "tcp://127.0.0.1:0")
 	h, err := hashing.New(hashing.Config{})
 	require.NoError(t, err)
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	src := index.Holder{Pod: "10.0.0.2:8000"}
-	s.idx.Store(index.Blocks{Model: "m", Holder: src, Tier: index.TierCPU, Keys: keys})
+	src := index.Holder{Pod: "127.0.0.1:8002"}
+	newServeFeeder(t, s).store(src.Pod, "m", "CPU", keys)
 
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
@@ -366,7 +366,7 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 	require.NoError(t, os.WriteFile(calib, []byte(`{
 		"recompute": [{"tokens": 1000, "ms": 110}, {"tokens": 2000, "ms": 210}, {"tokens": 4000, "ms": 410}],
 		"pull": [{"tokens": 1000, "ms": 70}, {"tokens": 4000, "ms": 100}]}`), 0o600))
-	s, base := startServe(t, "--calibration", calib)
+	s, base := startServe(t, "--calibration", calib, "--events-bind", "tcp://127.0.0.1:0")
 	h, err := hashing.New(hashing.Config{})
 	require.NoError(t, err)
 	tokens := make([]uint32, 40*16)
@@ -375,8 +375,9 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 	}
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.3:8000"}, Tier: index.TierGPU, Keys: keys[:10]})
+	feed := newServeFeeder(t, s)
+	feed.store("127.0.0.1:8002", "m", "CPU", keys)
+	feed.store("127.0.0.1:8003", "m", "GPU", keys[:10])
 
 	for _, tc := range []struct {
 		dest   string
@@ -384,7 +385,7 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 		saving float64
 	}{
 		{"10.0.0.1:8000", "pull", 0.09*40*16 - 50},
-		{"10.0.0.3:8000", "below_threshold", 0},
+		{"127.0.0.1:8003", "below_threshold", 0},
 	} {
 		code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": tc.dest})
 		require.Equal(t, http.StatusOK, code, "%s", body)
@@ -407,26 +408,27 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 }
 
 func TestServeRunsWithAnInflightTTLBelowTheSweepTick(t *testing.T) {
-	s, base := startServe(t, "--inflight-ttl", "1ns")
+	s, base := startServe(t, "--inflight-ttl", "1ns", "--events-bind", "tcp://127.0.0.1:0")
 	h, err := hashing.New(hashing.Config{})
 	require.NoError(t, err)
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
+	newServeFeeder(t, s).store("127.0.0.1:8002", "m", "CPU", keys)
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.Contains(t, string(body), `"reason":"pull"`)
 	require.Eventually(t, func() bool { return s.pulls.Size() == 0 }, 10*time.Second, 5*time.Millisecond)
 }
 
 func TestServeGivesEveryPullItsOwnKVRequestID(t *testing.T) {
-	s, base := startServe(t)
+	s, base := startServe(t, "--events-bind", "tcp://127.0.0.1:0")
 	h, err := hashing.New(hashing.Config{})
 	require.NoError(t, err)
 	tokens := make([]uint32, 4*16)
 	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
 	require.NoError(t, err)
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "10.0.0.2:8000"}, Tier: index.TierCPU, Keys: keys})
+	newServeFeeder(t, s).store("127.0.0.1:8002", "m", "CPU", keys)
 	pick := func(req map[string]any) string {
 		t.Helper()
 		code, body := serveCall(t, "POST", base+"/v1/pick", req)
@@ -485,17 +487,24 @@ func TestServeSenderFlagsParseNetworksAndValidate(t *testing.T) {
 	require.Nil(t, cfg.EventsAllow, "default: DNS-named pods only from loopback")
 	require.False(t, cfg.EventsNoSenderCheck)
 	require.Equal(t, 64, cfg.EventsPodsPerSender)
+	require.Equal(t, 4096, cfg.EventsMaxHolders)
+	require.Equal(t, 10*time.Minute, cfg.SnapshotExpiry)
 
-	cfg, err = parseServeFlags([]string{"--events-allow", "10.1.2.3/8", "--events-allow", "fd00::/8", "--events-no-sender-check", "--events-max-pods-per-sender", "2"}, io.Discard)
+	cfg, err = parseServeFlags([]string{"--events-allow", "10.1.2.3/8", "--events-allow", "fd00::/8", "--events-no-sender-check",
+		"--events-max-pods-per-sender", "2", "--events-max-holders", "9", "--snapshot-expiry", "30s"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}, cfg.EventsAllow)
 	require.True(t, cfg.EventsNoSenderCheck)
 	require.Equal(t, 2, cfg.EventsPodsPerSender)
+	require.Equal(t, 9, cfg.EventsMaxHolders)
+	require.Equal(t, 30*time.Second, cfg.SnapshotExpiry)
 
 	for _, args := range [][]string{
 		{"--events-allow", "10.0.0.1"},
 		{"--events-allow", "pods.example"},
 		{"--events-max-pods-per-sender", "0"},
+		{"--events-max-holders", "0"},
+		{"--snapshot-expiry", "0s"},
 	} {
 		_, err := parseServeFlags(args, io.Discard)
 		require.Error(t, err, "%v", args)
