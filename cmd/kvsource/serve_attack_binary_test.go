@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -293,7 +294,7 @@ func TestServeBinaryPutsTwoEnginesUnderOneNameInConflict(t *testing.T) {
 	srv.stop(t)
 }
 
-func TestServeBinaryDropsAKilledEngineFromThePullSourcesWithinFiveSeconds(t *testing.T) {
+func TestServeBinaryDropsAStoppedOrKilledEngineFromThePullSources(t *testing.T) {
 	testenv.Python(t)
 	bin := buildServeBinary(t)
 	const pod, model = "127.0.0.1:8011", "m"
@@ -323,6 +324,23 @@ func TestServeBinaryDropsAKilledEngineFromThePullSourcesWithinFiveSeconds(t *tes
 	req := map[string]any{"model": model, "tokens": tokens, "destination": "127.0.0.1:8008"}
 	d, body := servePickOf(t, srv.base, req)
 	require.Equal(t, "pull", string(d.Reason), "%s", body)
+
+	// Stopped (SIGSTOP), the engine's kernel still acknowledges TCP but
+	// the engine answers no ZMTP heartbeat: the service closes the
+	// connection after three 1 s heartbeats.
+	require.NoError(t, eng.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	require.Eventually(t, func() bool {
+		d, _ := servePickOf(t, srv.base, req)
+		return d.Reason == "no_live_source" && d.SkippedState == "disconnected"
+	}, 10*time.Second, 10*time.Millisecond, "a silent engine still serves pulls")
+	t.Logf("a stopped engine was out of the pull sources %v after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
+	// Resumed, it reconnects and is a source again.
+	require.NoError(t, eng.Process.Signal(syscall.SIGCONT))
+	require.Eventually(t, func() bool {
+		d, _ := servePickOf(t, srv.base, req)
+		return d.Reason == "pull"
+	}, 15*time.Second, 10*time.Millisecond, "a resumed engine never became a source again")
 
 	require.NoError(t, eng.Process.Kill())
 	_ = eng.Wait()
