@@ -95,11 +95,22 @@ func BenchmarkLookupMapFloor(b *testing.B) {
 // BenchmarkLookupUnderIngest measures lookup latency while a writer stores
 // and removes chains for the same holders at full speed, including the
 // tails of the prompt's prefixes.
+// BenchmarkLookupUnderIngest measures lookups while a writer stores and
+// removes: flat out (as fast as one core can write, 10M writes/s and more,
+// some 40 times what a fleet's events bring), and paced at 1M writes/s (4
+// times the 258K blocks/s of the issue-14 load run).
 func BenchmarkLookupUnderIngest(b *testing.B) {
+	b.Run("flat-out", func(b *testing.B) { benchLookupUnderIngest(b, 0) })
+	b.Run("paced-1M", func(b *testing.B) { benchLookupUnderIngest(b, 1e6) })
+}
+
+// benchLookupUnderIngest runs the writer at rate writes/s, or flat out for 0.
+func benchLookupUnderIngest(b *testing.B, rate float64) {
 	f := newBenchFleet()
 	var stop atomic.Bool
 	var writes atomic.Int64
 	var wg sync.WaitGroup
+	began := time.Now()
 	wg.Go(func() {
 		rng := rand.New(rand.NewPCG(3, 4))
 		// A ring of stored chains, reused so that the writer does not
@@ -129,7 +140,12 @@ func BenchmarkLookupUnderIngest(b *testing.B) {
 			tail := f.prompt[benchPromptBlocks-64:]
 			f.ix.Remove("m", f.holders[i], TierGPU, 0, tail)
 			f.ix.Store(Blocks{Model: "m", Holder: f.holders[i], Tier: TierCPU, Parent: ParentKey(f.prompt[benchPromptBlocks-65]), Keys: tail})
-			writes.Add(4 * 64)
+			w := writes.Add(4 * 64)
+			if rate > 0 {
+				if ahead := time.Duration(float64(w)/rate*1e9) - time.Since(began); ahead > 0 {
+					time.Sleep(ahead)
+				}
+			}
 		}
 	})
 	var res Result
@@ -141,7 +157,6 @@ func BenchmarkLookupUnderIngest(b *testing.B) {
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	b.ResetTimer()
-	began := time.Now()
 	for b.Loop() {
 		c0 := threadCPU()
 		t0 := time.Now()
