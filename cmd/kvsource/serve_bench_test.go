@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,10 +27,21 @@ import (
 // copies of half of those. The pick body names the first eight peers as
 // candidates.
 func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byte, []uint32) {
-	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0", "--hash-cache-bytes", "0"}, args...), io.Discard)
+	// The fleet publishes its blocks as engines do, so that its holders
+	// are live pull sources; its made-up 10.1.x.y names need the sender
+	// check off.
+	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0", "--hash-cache-bytes", "0",
+		"--events-bind", "tcp://127.0.0.1:0", "--events-no-sender-check", "--events-max-pods-per-sender", "128"}, args...), io.Discard)
 	require.NoError(tb, err)
 	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(tb, err)
+	require.NoError(tb, s.Start(context.Background()))
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(tb, s.Shutdown(ctx))
+	})
+	feed := newServeFeeder(tb, s)
 	tokens := make([]uint32, n)
 	for i := range tokens {
 		tokens[i] = uint32(i*2654435761) % 150000
@@ -38,7 +50,7 @@ func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byt
 	require.NoError(tb, err)
 	nb := len(keys)
 	const holders = 64
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "127.0.0.1:8001"}, Tier: index.TierGPU, Keys: keys[:nb/4]})
+	feed.store("127.0.0.1:8001", "m", "GPU", keys[:nb/4])
 	var cands []map[string]any
 	for i := 1; i < holders; i++ {
 		peer := index.Holder{Pod: fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256)}
@@ -46,8 +58,8 @@ func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byt
 		if i%4 != 0 {
 			cpu = nb * (holders - i) / holders
 		}
-		s.idx.Store(index.Blocks{Model: "m", Holder: peer, Tier: index.TierCPU, Keys: keys[:cpu]})
-		s.idx.Store(index.Blocks{Model: "m", Holder: peer, Tier: index.TierGPU, Keys: keys[:cpu/2]})
+		feed.store(peer.Pod, "m", "CPU", keys[:cpu])
+		feed.store(peer.Pod, "m", "GPU", keys[:cpu/2])
 		if len(cands) < 8 {
 			cands = append(cands, map[string]any{"pod": peer.Pod, "dp_rank": 0, "waiting": i % 5})
 		}

@@ -83,7 +83,7 @@ func serveLoadRun(t *testing.T, bin string, clients int, b64 bool, args []string
 	require.NoError(t, err)
 	pubs := make([]*zmq.Publisher, serveLoadPods)
 	for i := range pubs {
-		pubs[i], err = zmq.NewPublisher(zmq.PublisherConfig{Connect: bind, Topic: fmt.Sprintf("kv@10.9.0.%d:8000@m", i)})
+		pubs[i], err = zmq.NewPublisher(zmq.PublisherConfig{Connect: bind, Topic: fmt.Sprintf("kv@127.0.0.1:%d@m", 9000+i)})
 		require.NoError(t, err)
 		defer pubs[i].Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -117,12 +117,12 @@ func serveLoadRun(t *testing.T, bin string, clients int, b64 bool, args []string
 			require.NoError(t, err)
 		}
 		var b bytes.Buffer
-		fmt.Fprintf(&b, `{"model":"m","request_id":"client-%d","destination":"10.9.0.0:8000","candidates":[`, c)
+		fmt.Fprintf(&b, `{"model":"m","request_id":"client-%d","destination":"127.0.0.1:9000","candidates":[`, c)
 		for p := 1; p < serveLoadPods; p++ {
 			if p > 1 {
 				b.WriteByte(',')
 			}
-			fmt.Fprintf(&b, `{"pod":"10.9.0.%d:8000","waiting":%d}`, p, p)
+			fmt.Fprintf(&b, `{"pod":"127.0.0.1:%d","waiting":%d}`, 9000+p, p)
 		}
 		if b64 {
 			// A turn rewrites tokens 19,455 to 19,457, whose 12 bytes are
