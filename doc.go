@@ -25,7 +25,7 @@
 //	ix := index.New(index.Config{})
 //	sub, _ := zmq.NewSubscriber(zmq.SubscriberConfig{Events: events.Config{Sink: ix, Hasher: h}, Bind: []string{"tcp://*:5557"}})
 //	go sub.Run(ctx)
-//	p, _ := picker.New(picker.Config{Index: ix, Hasher: h})
+//	p, _ := picker.New(picker.Config{Index: ix, Hasher: h, Sources: sub.Source}) // only live holders serve pulls
 //	d, _ := p.Pick(picker.Request{ID: id, Model: model, Prompt: hashing.Request{Tokens: tokens}, Destination: chosen})
 //	if d.Reason == picker.ReasonPull {
 //		name, value := d.Header() // x-kv-cache-source-host-port: host:port

@@ -101,7 +101,8 @@ func NewRouter(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	pk, err := picker.New(picker.Config{Index: idx, Hasher: h, MinCachedTokenDelta: cfg.MinCachedTokenDelta})
+	// Only holders the subscriber hears, connected, serve pulls.
+	pk, err := picker.New(picker.Config{Index: idx, Hasher: h, MinCachedTokenDelta: cfg.MinCachedTokenDelta, Sources: sub.Source})
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/datalayer"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/plugin"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/requestcontrol"
@@ -310,6 +311,15 @@ func (p *PrefixProducer) subscribe(ctx context.Context, cfg *KVEventsConfig, sub
 		}
 	}()
 	return nil
+}
+
+// source is the picker's Config.Sources: the subscription's, or, when the
+// index is fed otherwise, every holder.
+func (p *PrefixProducer) source(h index.Holder) (string, bool) {
+	if p.sub == nil {
+		return events.StateLive, true
+	}
+	return p.sub.Source(h)
 }
 
 // TypedName implements plugin.Plugin.

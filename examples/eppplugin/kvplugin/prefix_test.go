@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/datalayer"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/plugin"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/requesthandling"
@@ -171,6 +172,7 @@ type fakeSub struct {
 	mu      sync.Mutex
 	calls   []string
 	running chan context.Context
+	down    map[string]bool // pods Source reports disconnected
 }
 
 func (f *fakeSub) AddPod(pod, endpoint, replay string) error {
@@ -184,6 +186,15 @@ func (f *fakeSub) RemovePod(pod string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, "remove "+pod)
+}
+
+func (f *fakeSub) Source(h index.Holder) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down[h.Pod] {
+		return events.StateDisconnected, false
+	}
+	return events.StateLive, true
 }
 
 func (f *fakeSub) Run(ctx context.Context) error {

@@ -44,6 +44,10 @@ type Subscription interface {
 	RemovePod(pod string)
 	// Run receives until ctx ends.
 	Run(ctx context.Context) error
+	// Source reports whether holder h may serve a pull now, and its
+	// state, as zmq.Subscriber.Source does: only holders heard from, with
+	// their connection up, are pull sources.
+	Source(h index.Holder) (state string, ok bool)
 }
 
 // SubscriptionConfig is what a Subscription is built from.

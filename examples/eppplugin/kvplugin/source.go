@@ -154,6 +154,7 @@ func NewSourceProducer(name string, cfg SourceConfig, prefix *PrefixProducer, me
 	}
 	pc := picker.Config{
 		Index: prefix.Index(), Hasher: prefix.Hasher(), MinCachedTokenDelta: cfg.MinCachedTokenDelta,
+		Sources: prefix.source,
 	}
 	for _, t := range cfg.PullTiers {
 		if t == "" {

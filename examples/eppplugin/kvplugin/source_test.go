@@ -440,6 +440,27 @@ func TestSourceProducerDecidesARequestIDAlike(t *testing.T) {
 	require.Equal(t, header(first), header(again))
 }
 
+// A holder whose subscription reports it disconnected is no source: the
+// pull goes to the next best live holder, and none to a dead one.
+func TestSourceProducerPullsOnlyFromLiveHolders(t *testing.T) {
+	w := newWorld(t, SourceConfig{})
+	sub, _ := newFakeSubscribe()
+	sub.down = map[string]bool{"10.0.0.1:8080": true}
+	w.prefix.sub = sub
+	a, b, computing := endpoint(ip(1), 0), endpoint(ip(2), 0), endpoint(ip(9), 0)
+	w.hold(a, index.TierCPU, 0, 4)
+	w.hold(b, index.TierCPU, 0, 2)
+	eps := []scheduling.Endpoint{a, b, computing}
+	r := w.decide(w.request("live-1"), eps, result(computing, nil, ""))
+	require.Equal(t, "10.0.0.2:8080", header(r), "the longer run's holder is disconnected")
+	w.end(r)
+	sub.mu.Lock()
+	sub.down["10.0.0.2:8080"] = true
+	sub.mu.Unlock()
+	r = w.decide(w.request("live-2"), eps, result(computing, nil, ""))
+	require.Empty(t, header(r), "no live holder: no pull")
+}
+
 // kvsource's in-flight spreading: pulls whose responses have not ended
 // count against their source, so a burst for one prefix spreads over its
 // holders before any queue metric moves. Upstream weighs queues only.
