@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 )
@@ -187,6 +188,13 @@ type cacheScratch struct {
 	ck  []xxh3.Uint128
 	cur []int32
 	mm  []int
+	// A plain prompt (no extra keys) is hashed from its tokens' memory
+	// instead of buf: plain holds its tokens, seg the header key of each
+	// segment, hx the streaming hasher (see plainPass).
+	plain []uint32
+	bs    int
+	seg   []xxh3.Uint128
+	hx    xxh3.Hasher
 }
 
 var cacheScratchPool = sync.Pool{New: func() any { return new(cacheScratch) }}
@@ -337,7 +345,8 @@ func cacheable(d *derived, extra [][]ExtraKey) bool {
 // block p is XXH3-128 of its segment's bytes from the header to p's end:
 // it covers every block up to p. contentPass fills s.ck with the keys of
 // the segments' last blocks, the checkpoints, and with multimodal items
-// s.cur with the cursor after each block.
+// s.cur with the cursor after each block. A prompt without extra keys is
+// laid out by plainPass instead, without a copy.
 func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *derived, extra [][]ExtraKey) {
 	bs := h.cfg.BlockSize
 	n := len(tokens) / bs
@@ -349,12 +358,20 @@ func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *deri
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(h.cfg.Seed)))
 	b = append(b, h.cfg.Seed...)
 	b = binary.LittleEndian.AppendUint64(b, uint64(bs))
+	plain := extra == nil && d.lora == "" && d.salt == "" && len(d.mm) == 0
+	s.plain = nil
+	if plain {
+		// Plain prompts' bytes are laid out otherwise (no tag per block):
+		// their keys start from a key of their own, so that no plain
+		// prompt's segment can be taken for another layout's.
+		b = append(b, "plain"...)
+	}
 	prev := xxh3.Hash128Seed(b, c.seed)
-	b = slices.Grow(b[:0], (n/checkpointEvery+1)*16+n*(4*bs+1))
-	if extra == nil && d.lora == "" && d.salt == "" && len(d.mm) == 0 {
-		c.plainPass(s, tokens, bs, prev, b)
+	if plain {
+		c.plainPass(s, tokens, bs, prev)
 		return
 	}
+	b = slices.Grow(b[:0], (n/checkpointEvery+1)*16+n*(4*bs+1))
 	var ex extraSource
 	var cur mmCursor
 	for i := range n {
@@ -385,37 +402,41 @@ func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *deri
 	s.buf = b
 }
 
-// plainPass is contentPass for a prompt without extra keys, whose layout
-// has a fixed size per block: it writes b, which has the capacity, by
-// offset rather than by appending, about twice as fast. prev is the first
-// segment's header key.
-func (c *Cache) plainPass(s *cacheScratch, tokens []uint32, bs int, prev xxh3.Uint128, b []byte) {
+// plainPass is contentPass for a prompt without extra keys: a segment's
+// bytes are its header and its blocks' tokens (uint32 LE) with no tag per
+// block, so that they are hashed straight from the tokens' memory on a
+// little-endian machine instead of copied into s.buf first. prev is the
+// first segment's header key.
+func (c *Cache) plainPass(s *cacheScratch, tokens []uint32, bs int, prev xxh3.Uint128) {
 	n := len(tokens) / bs
-	per := 4*bs + 1
-	segs := (n + checkpointEvery - 1) / checkpointEvery
-	b = b[:segs*16+n*per]
-	s.hdr = slices.Grow(s.hdr, segs)[:segs]
-	s.end = slices.Grow(s.end, n)[:n]
-	o := 0
-	for seg := range segs {
-		h := o
-		s.hdr[seg] = int32(h)
-		binary.LittleEndian.PutUint64(b[o:], prev.Hi)
-		binary.LittleEndian.PutUint64(b[o+8:], prev.Lo)
-		o += 16
-		first, last := seg*checkpointEvery, min((seg+1)*checkpointEvery, n)
-		for i := first; i < last; i++ {
-			putTokens(b[o:o+4*bs], tokens[i*bs:(i+1)*bs])
-			o += per
-			b[o-1] = ctNone
-			s.end[i] = int32(o)
-		}
-		if last-first == checkpointEvery {
-			prev = xxh3.Hash128Seed(b[h:o], c.seed)
+	s.plain, s.bs, s.seg = tokens, bs, s.seg[:0]
+	for first := 0; first < n; first += checkpointEvery {
+		s.seg = append(s.seg, prev)
+		if first+checkpointEvery <= n {
+			prev = c.plainKey(s, len(s.seg)-1, first+checkpointEvery)
 			s.ck = append(s.ck, prev)
 		}
 	}
-	s.buf = b
+}
+
+// plainKey is the content key of the plain prompt's block end-1, whose
+// segment is seg: XXH3-128 of the segment's header and of its tokens up to
+// block end.
+func (c *Cache) plainKey(s *cacheScratch, seg, end int) xxh3.Uint128 {
+	var hdr [16]byte
+	binary.LittleEndian.PutUint64(hdr[:], s.seg[seg].Hi)
+	binary.LittleEndian.PutUint64(hdr[8:], s.seg[seg].Lo)
+	s.hx.ResetSeed(c.seed)
+	_, _ = s.hx.Write(hdr[:])
+	toks := s.plain[seg*checkpointEvery*s.bs : end*s.bs]
+	if littleEndian {
+		_, _ = s.hx.Write(unsafe.Slice((*byte)(unsafe.Pointer(&toks[0])), 4*len(toks)))
+	} else {
+		s.buf = slices.Grow(s.buf[:0], 4*len(toks))[:4*len(toks)]
+		putTokensStores(s.buf, toks)
+		_, _ = s.hx.Write(s.buf)
+	}
+	return s.hx.Sum128()
 }
 
 // keyAt returns the content key of block p of the prompt contentPass laid
@@ -423,6 +444,9 @@ func (c *Cache) plainPass(s *cacheScratch, tokens []uint32, bs int, prev xxh3.Ui
 func (c *Cache) keyAt(s *cacheScratch, p int) xxh3.Uint128 {
 	if p%checkpointEvery == checkpointEvery-1 {
 		return s.ck[p/checkpointEvery]
+	}
+	if s.plain != nil {
+		return c.plainKey(s, p/checkpointEvery, p+1)
 	}
 	return xxh3.Hash128Seed(s.buf[s.hdr[p/checkpointEvery]:s.end[p]], c.seed)
 }
