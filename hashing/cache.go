@@ -245,7 +245,10 @@ func (c *Cache) blockKeys(done <-chan struct{}, h *Hasher, dst []uint64, req Req
 		return out.keys, nil
 	}
 	s := cacheScratchPool.Get().(*cacheScratch)
-	defer cacheScratchPool.Put(s)
+	defer func() {
+		s.plain = nil // the caller's tokens are not the pool's to keep
+		cacheScratchPool.Put(s)
+	}()
 	c.contentPass(h, s, req.Tokens[:n*bs], &d, req.Extra)
 
 	hit, pos := c.probe(s, n)
@@ -367,6 +370,7 @@ func (c *Cache) contentPass(h *Hasher, s *cacheScratch, tokens []uint32, d *deri
 		b = append(b, "plain"...)
 	}
 	prev := xxh3.Hash128Seed(b, c.seed)
+	s.buf = b // kept for the next call's configuration bytes
 	if plain {
 		c.plainPass(s, tokens, bs, prev)
 		return
