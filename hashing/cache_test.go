@@ -250,3 +250,28 @@ func TestCacheBlockKeysRejectsWhatBlockKeysRejects(t *testing.T) {
 	require.ErrorIs(t, err, ErrMMItem)
 	require.Zero(t, c.Stats().Requests)
 }
+
+// A warm call allocates only the chain it remembers: its keys, digests,
+// table entries and their high halves, and the chain itself; the content
+// pass's memory comes from the pool.
+func TestCacheWarmCallAllocatesOnlyTheChainItRemembers(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items")
+	}
+	h, err := New(Config{})
+	require.NoError(t, err)
+	c := NewCache(CacheConfig{})
+	req := Request{Tokens: make([]uint32, 4096)}
+	for i := range req.Tokens {
+		req.Tokens[i] = uint32(i)
+	}
+	dst, err := c.BlockKeys(h, nil, req)
+	require.NoError(t, err)
+	turn := uint32(0)
+	allocs := testing.AllocsPerRun(50, func() {
+		turn++
+		req.Tokens[len(req.Tokens)-100] = 1<<31 | turn // a new last turn
+		dst, _ = c.BlockKeys(h, dst, req)
+	})
+	require.LessOrEqual(t, allocs, 5.0)
+}
