@@ -78,6 +78,9 @@ type relaySubject struct {
 	subject string
 	kept    []kept
 	term    uint64 // the lease term the subject was reconciled in
+	// gone marks a subject sweep removed from the map: a Tap that found
+	// it just before looks it up again.
+	gone bool
 }
 
 type kept struct {
@@ -133,11 +136,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	tick := time.NewTicker(r.cfg.LeaseTTL / 8)
 	defer tick.Stop()
 	done := uint64(0)
+	swept := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case now := <-tick.C:
+			if now.Sub(swept) >= r.cfg.Retain/4 {
+				r.sweep(now)
+				swept = now
+			}
 		}
 		if term := r.lease.term(); r.lease.held() && term != done {
 			r.reconcileAll(ctx, term)
@@ -163,17 +171,24 @@ func (r *Relay) Tap(tb events.TapBatch) {
 	r.tapped.Add(1)
 	b := Batch{Model: tb.Model, Pod: tb.Pod, Rank: tb.Rank, Seq: tb.Seq, Payload: append([]byte(nil), tb.Payload...)}
 	subj := r.cfg.Subject(b.Model, b.Pod)
-	r.mu.Lock()
-	s := r.subjects[subj]
-	if s == nil {
-		s = &relaySubject{subject: subj}
-		r.subjects[subj] = s
+	var s *relaySubject
+	for {
+		r.mu.Lock()
+		s = r.subjects[subj]
+		if s == nil {
+			s = &relaySubject{subject: subj}
+			r.subjects[subj] = s
+		}
+		r.mu.Unlock()
+		s.mu.Lock()
+		if !s.gone {
+			break
+		}
+		s.mu.Unlock()
 	}
-	r.mu.Unlock()
+	defer s.mu.Unlock()
 
 	ctx := *r.ctx.Load()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	now := time.Now()
 	s.trim(now, r.cfg.Retain, r.cfg.RetainN)
 	s.kept = append(s.kept, kept{b: b, id: msgID(b.Model, b.Pod, b.Rank, b.Seq, b.Payload), at: now})
@@ -187,6 +202,26 @@ func (r *Relay) Tap(tb events.TapBatch) {
 		return
 	}
 	r.publish(ctx, s, len(s.kept)-1)
+}
+
+// sweep trims every subject's kept batches and forgets the subjects left
+// with none, so that pods that stopped publishing (gone, renamed) do not
+// keep their last batches, and their map entries, for ever: Tap trims only
+// the subject it taps.
+func (r *Relay) sweep(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for subj, s := range r.subjects {
+		if !s.mu.TryLock() {
+			continue // a Tap or a reconcile is at it: next time
+		}
+		s.trim(now, r.cfg.Retain, r.cfg.RetainN)
+		if len(s.kept) == 0 {
+			s.gone = true
+			delete(r.subjects, subj)
+		}
+		s.mu.Unlock()
+	}
 }
 
 func (s *relaySubject) trim(now time.Time, retain time.Duration, n int) {
