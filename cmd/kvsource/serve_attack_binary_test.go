@@ -255,14 +255,7 @@ func TestServeBinaryPutsTwoEnginesUnderOneNameInConflict(t *testing.T) {
 	bin := buildServeBinary(t)
 	const pod, model = "127.0.0.1:8010", "m"
 	bindPort := testenv.FreePort(t)
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 8*16)
-	for i := range tokens {
-		tokens[i] = uint32(11 * i)
-	}
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
+	tokens, keys := serveBinaryPrompt(t, 11)
 	srv := startServeBinary(t, bin, "--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort))
 	first := newServeBinaryPod(t, pod, model, bindPort)
 	stored := &events.Batch{Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "CPU"}}}
@@ -299,14 +292,7 @@ func TestServeBinaryDropsAStoppedOrKilledEngineFromThePullSources(t *testing.T) 
 	bin := buildServeBinary(t)
 	const pod, model = "127.0.0.1:8011", "m"
 	bindPort := testenv.FreePort(t)
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 8*16)
-	for i := range tokens {
-		tokens[i] = uint32(13 * i)
-	}
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
+	tokens, keys := serveBinaryPrompt(t, 13)
 	srv := startServeBinary(t, bin, "--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort))
 	// vLLM's publisher model, its own process, connecting to the bind
 	// socket; it stays up (--linger) until killed. Its first batches may

@@ -251,14 +251,7 @@ type serveBinaryEngine struct {
 func newServeBinaryEngine(t *testing.T, pod, model string, mul uint32) *serveBinaryEngine {
 	t.Helper()
 	bindPort, replayPort := testenv.FreePort(t), testenv.FreePort(t)
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 8*16)
-	for i := range tokens {
-		tokens[i] = mul * uint32(i)
-	}
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
+	tokens, keys := serveBinaryPrompt(t, mul)
 	pub, err := zmq.NewPublisher(zmq.PublisherConfig{
 		Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
 		Topic: "kv@" + pod + "@" + model})
@@ -267,6 +260,21 @@ func newServeBinaryEngine(t *testing.T, pod, model string, mul uint32) *serveBin
 	return &serveBinaryEngine{t: t, pub: pub, tokens: tokens, keys: keys, args: []string{
 		"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
 		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort)}}
+}
+
+// serveBinaryPrompt is an 8-block prompt whose token i is mul*i, and its
+// block keys under vLLM's default hashing.
+func serveBinaryPrompt(t testing.TB, mul uint32) ([]uint32, []uint64) {
+	t.Helper()
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 8*16)
+	for i := range tokens {
+		tokens[i] = mul * uint32(i)
+	}
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	return tokens, keys
 }
 
 // podState is the engine's pod in /v1/pods: e.pod, or the service's only pod.
