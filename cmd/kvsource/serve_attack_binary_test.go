@@ -310,17 +310,23 @@ func TestServeBinaryDropsAStoppedOrKilledEngineFromThePullSources(t *testing.T) 
 	req := map[string]any{"model": model, "tokens": tokens, "destination": "127.0.0.1:8008"}
 	d, body := servePickOf(t, srv.base, req)
 	require.Equal(t, "pull", string(d.Reason), "%s", body)
+	// outOfSources waits, at most within, until picks skip the engine as
+	// disconnected, and says how long that took.
+	outOfSources := func(within time.Duration, what string) time.Duration {
+		t.Helper()
+		from := time.Now()
+		require.Eventually(t, func() bool {
+			d, _ := servePickOf(t, srv.base, req)
+			return d.Reason == "no_live_source" && d.SkippedState == "disconnected"
+		}, within, 10*time.Millisecond, what)
+		return time.Since(from).Round(time.Millisecond)
+	}
 
 	// Stopped (SIGSTOP), the engine's kernel still acknowledges TCP but
 	// the engine answers no ZMTP heartbeat: the service closes the
 	// connection after three 1 s heartbeats.
 	require.NoError(t, eng.Process.Signal(syscall.SIGSTOP))
-	stopped := time.Now()
-	require.Eventually(t, func() bool {
-		d, _ := servePickOf(t, srv.base, req)
-		return d.Reason == "no_live_source" && d.SkippedState == "disconnected"
-	}, 10*time.Second, 10*time.Millisecond, "a silent engine still serves pulls")
-	t.Logf("a stopped engine was out of the pull sources %v after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
+	t.Logf("a stopped engine was out of the pull sources %v after SIGSTOP", outOfSources(10*time.Second, "a silent engine still serves pulls"))
 	// Resumed, it reconnects and is a source again.
 	require.NoError(t, eng.Process.Signal(syscall.SIGCONT))
 	require.Eventually(t, func() bool {
@@ -330,12 +336,7 @@ func TestServeBinaryDropsAStoppedOrKilledEngineFromThePullSources(t *testing.T) 
 
 	require.NoError(t, eng.Process.Kill())
 	_ = eng.Wait()
-	killed := time.Now()
-	require.Eventually(t, func() bool {
-		d, _ := servePickOf(t, srv.base, req)
-		return d.Reason == "no_live_source" && d.SkippedState == "disconnected"
-	}, 5*time.Second, 10*time.Millisecond, "a killed engine still serves pulls")
-	t.Logf("out of the pull sources %v after kill -9", time.Since(killed).Round(time.Millisecond))
+	t.Logf("out of the pull sources %v after kill -9", outOfSources(5*time.Second, "a killed engine still serves pulls"))
 	p := servePods(t, srv.base)[hd]
 	require.Equal(t, "disconnected", p.State)
 	require.Equal(t, 8, p.Blocks["CPU"], "its entries stay, for scoring")
