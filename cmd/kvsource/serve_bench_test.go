@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,18 +19,26 @@ import (
 	"github.com/kvsource/kvsource/picker"
 )
 
-// serveBenchFleet returns a service without a hash cache (its answers then
-// cost what the SDK's uncached Pick costs, plus the request path) and the
-// fleet of picker's benchFleet for a prompt of n tokens with the same
-// tokens: the destination holds a quarter of the prompt on GPU, 63 peers
-// CPU prefixes of various lengths (every fourth the whole prompt) and GPU
-// copies of half of those. The pick body names the first eight peers as
-// candidates.
+// serveBenchFleet returns a started service without a hash cache (its
+// answers then cost what the SDK's uncached Pick costs, plus the request
+// path) and the fleet of picker's benchFleet for a prompt of n tokens with
+// the same tokens: the destination holds a quarter of the prompt on GPU, 63
+// peers CPU prefixes of various lengths (every fourth the whole prompt) and
+// GPU copies of half of those. The peers publish their blocks over the
+// service's --events-bind socket, as engines do, so that they are pull
+// sources. The pick body names the first eight peers as candidates.
 func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byte, []uint32) {
-	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0", "--hash-cache-bytes", "0"}, args...), io.Discard)
+	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0", "--hash-cache-bytes", "0",
+		"--events-bind", "tcp://127.0.0.1:0", "--events-max-pods-per-sender", "128"}, args...), io.Discard)
 	require.NoError(tb, err)
 	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(tb, err)
+	require.NoError(tb, s.Start(context.Background()))
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(tb, s.Shutdown(ctx))
+	})
 	tokens := make([]uint32, n)
 	for i := range tokens {
 		tokens[i] = uint32(i*2654435761) % 150000
@@ -38,18 +47,19 @@ func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byt
 	require.NoError(tb, err)
 	nb := len(keys)
 	const holders = 64
-	s.idx.Store(index.Blocks{Model: "m", Holder: index.Holder{Pod: "127.0.0.1:8001"}, Tier: index.TierGPU, Keys: keys[:nb/4]})
+	feed := newServeFeeder(tb, s)
+	feed.store("127.0.0.1:8001", "m", "GPU", keys[:nb/4])
 	var cands []map[string]any
 	for i := 1; i < holders; i++ {
-		peer := index.Holder{Pod: fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256)}
+		peer := fmt.Sprintf("127.0.0.1:%d", 9000+i)
 		cpu := nb
 		if i%4 != 0 {
 			cpu = nb * (holders - i) / holders
 		}
-		s.idx.Store(index.Blocks{Model: "m", Holder: peer, Tier: index.TierCPU, Keys: keys[:cpu]})
-		s.idx.Store(index.Blocks{Model: "m", Holder: peer, Tier: index.TierGPU, Keys: keys[:cpu/2]})
+		feed.store(peer, "m", "CPU", keys[:cpu])
+		feed.store(peer, "m", "GPU", keys[:cpu/2])
 		if len(cands) < 8 {
-			cands = append(cands, map[string]any{"pod": peer.Pod, "dp_rank": 0, "waiting": i % 5})
+			cands = append(cands, map[string]any{"pod": peer, "dp_rank": 0, "waiting": i % 5})
 		}
 	}
 	body, err := json.Marshal(map[string]any{"model": "m", "tokens": tokens, "request_id": "bench-1",
@@ -102,7 +112,7 @@ func BenchmarkServe(b *testing.B) {
 			preq.ID, preq.Model, preq.Destination = "bench-1", "m", index.Holder{Pod: "127.0.0.1:8001"}
 			preq.Prompt = hashingRequest(tokens)
 			for i := 1; i <= 8; i++ {
-				preq.Candidates = append(preq.Candidates, picker.Candidate{Holder: index.Holder{Pod: fmt.Sprintf("10.1.0.%d:8000", i)}, Waiting: i % 5})
+				preq.Candidates = append(preq.Candidates, picker.Candidate{Holder: index.Holder{Pod: fmt.Sprintf("127.0.0.1:%d", 9000+i)}, Waiting: i % 5})
 			}
 			rd := bytes.NewReader(body)
 			req := httptest.NewRequest(http.MethodPost, "/v1/pick", rd)

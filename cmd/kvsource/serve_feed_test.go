@@ -18,7 +18,7 @@ import (
 // and connected: pull sources. A holder stored straight into the index,
 // or known only from a snapshot, scores but never serves a pull.
 type serveFeeder struct {
-	t    *testing.T
+	t    testing.TB
 	s    *serveService
 	pubs map[string]*zmq.Publisher
 }
@@ -27,7 +27,7 @@ type serveFeeder struct {
 // --events-bind on 127.0.0.1 (the feeder's pods are named 127.0.0.1:PORT
 // so that they pass sender verification). Its publishers stay connected
 // until the test ends.
-func newServeFeeder(t *testing.T, s *serveService) *serveFeeder {
+func newServeFeeder(t testing.TB, s *serveService) *serveFeeder {
 	t.Helper()
 	select {
 	case <-s.sub.Ready():
