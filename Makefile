@@ -44,4 +44,5 @@ fuzz: deps
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzUnmarshal -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
+	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzScanTokens -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParseSize -fuzztime $(FUZZTIME)

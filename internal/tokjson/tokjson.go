@@ -303,7 +303,24 @@ func scanTokens(data []byte, i int, dst, prev []uint32) ([]uint32, int, error) {
 		return out, i + 1, nil
 	}
 	n := len(data)
+	// cool counts the tokens left to read one at a time before the run
+	// scanner is tried again. After a run, the next token is one it
+	// refused; after a short run (a body spaced another way, an array of
+	// long tokens) it waits for runCoolTokens, so that such bodies scan
+	// about as fast as without it.
+	cool := 0
 	for {
+		if cool > 0 {
+			cool--
+		} else if i+runWindow-runSlack <= n {
+			k, j := len(out), i
+			if out, j = scanRun(data, i, out); j > i {
+				i = skipWS(data, j)
+			}
+			if len(out)-k < runShort {
+				cool = runCoolTokens
+			}
+		}
 		if i >= n {
 			return nil, i, syntaxErr(i, "unterminated tokens array")
 		}
@@ -378,6 +395,13 @@ func scanTokens(data []byte, i int, dst, prev []uint32) ([]uint32, int, error) {
 		}
 	}
 }
+
+// A run of fewer than runShort tokens makes scanTokens read the next
+// runCoolTokens one at a time.
+const (
+	runShort      = 8
+	runCoolTokens = 64
+)
 
 // swarDigits returns the value of the run of 1 to 7 ASCII digits at the
 // start of u, eight bytes of the body read little-endian, and its length;
