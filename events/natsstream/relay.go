@@ -177,6 +177,16 @@ func (r *Relay) Tap(tb events.TapBatch) {
 		s = r.subjects[subj]
 		if s == nil {
 			s = &relaySubject{subject: subj}
+			if r.lease.held() {
+				// A subject new to this term has nothing kept that a
+				// previous holder could have left out: publish at once.
+				// Reconciling it would take the stream's last message
+				// of the subject, an earlier run's when the engine
+				// restarted (its numbers from 0 again) after the sweep
+				// forgot it, for the point to go on from, and drop this
+				// batch.
+				s.term = r.lease.term()
+			}
 			r.subjects[subj] = s
 		}
 		r.mu.Unlock()
