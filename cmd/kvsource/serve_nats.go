@@ -132,7 +132,10 @@ func newServeNATS(cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
 		}
 	}
 	if err == nil {
-		n.sources, err = natsstream.NewSources(ctx, natsstream.SourcesConfig{Config: shared, JetStream: js, Logger: log})
+		// The table outlasts a relay failover: the standby takes the
+		// lease within its TTL and writes within an interval.
+		n.sources, err = natsstream.NewSources(ctx, natsstream.SourcesConfig{Config: shared, JetStream: js, Logger: log,
+			TTL: natsstream.DefaultLeaseTTL + 2*natsstream.DefaultSourcesInterval})
 	}
 	if err != nil {
 		n.nc.Close()
@@ -239,6 +242,20 @@ func (n *serveNATS) registerMetrics(reg *prometheus.Registry) {
 			return 1
 		}
 		return 0
+	}
+	src := n.sources
+	if n.relay != nil {
+		reg.MustRegister(
+			counter("kvsource_sources_tables_written_total", "Holder-state tables this relay wrote for the replicas (while it leads).", func() float64 { return float64(src.Stats().Written) }),
+			counter("kvsource_sources_table_write_errors_total", "Holder-state table writes that failed; replicas pull from no holder once no table arrives for the TTL.", func() float64 { return float64(src.Stats().WriteErrors) }),
+		)
+	}
+	if n.replica != nil {
+		reg.MustRegister(
+			counter("kvsource_sources_tables_received_total", "Holder-state tables received from the leading relay.", func() float64 { return float64(src.Stats().Updates) }),
+			counter("kvsource_sources_tables_malformed_total", "Holder-state tables dropped as malformed.", func() float64 { return float64(src.Stats().Malformed) }),
+			gauge("kvsource_sources_table_holders", "Holders in the newest holder-state table; -1 while there is none (no holder is a pull source).", func() float64 { return float64(src.Stats().Holders) }),
+		)
 	}
 	if r := n.relay; r != nil {
 		reg.MustRegister(

@@ -96,6 +96,11 @@ func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.NoError(t, json.Unmarshal(body, &pods))
 	require.Equal(t, "live", pods.Pods[0].State)
+	_, metrics := serveCall(t, "GET", replicaURL+"/metrics", nil)
+	require.Equal(t, "1", serveMetric(metrics, "kvsource_sources_table_holders"))
+	require.Equal(t, "0", serveMetric(metrics, "kvsource_sources_tables_malformed_total"))
+	_, metrics = serveCall(t, "GET", relayURL+"/metrics", nil)
+	require.NotEqual(t, "0", serveMetric(metrics, "kvsource_sources_tables_written_total"))
 	require.NoError(t, pub.Close())
 	closed := time.Now()
 	require.Eventually(t, func() bool {

@@ -89,6 +89,6 @@
 // leading relay writes every holder's state to <Stream>_SOURCES each
 // SourcesConfig.Interval (Sources.Publish); replicas watch it and give
 // Sources.Source to their pickers. A holder the table does not list, or
-// every holder once no relay has written for three intervals, is no
+// every holder once no relay has written for SourcesConfig.TTL, is no
 // source: a replica never pulls from a holder no relay vouches for.
 package natsstream

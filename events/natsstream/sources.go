@@ -24,11 +24,15 @@ type SourcesConfig struct {
 	Config
 	// JetStream is the client the table is written and watched with.
 	JetStream jetstream.JetStream
-	// Interval is how often the leading relay writes the table. The
-	// bucket keeps it three intervals: when no relay writes for that
-	// long, every holder stops being a source. Default
-	// DefaultSourcesInterval; relays and replicas must use the same.
+	// Interval is how often the leading relay writes the table; default
+	// DefaultSourcesInterval.
 	Interval time.Duration
+	// TTL is how long a table counts without a newer one: when no relay
+	// writes for that long, every holder stops being a source. Default
+	// three Intervals; to keep the table across a relay failover, at
+	// least the relays' lease TTL plus two Intervals (kvsource serve:
+	// DefaultLeaseTTL + 2 s). Relays and replicas must use the same.
+	TTL time.Duration
 	// Logger receives the logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -41,15 +45,16 @@ type SourcesConfig struct {
 // The leading relay writes its processor's holder states as one value of
 // a key-value bucket (<Stream>_SOURCES) every Interval; a replica watches
 // it and answers Source from the newest table. A holder the table does
-// not list, or every holder once the table expired, is no source: the
-// replica never pulls from a holder no relay vouches for.
+// not list, or every holder once the table is older than TTL, is no
+// source: the replica never pulls from a holder no relay vouches for.
 type Sources struct {
 	cfg   SourcesConfig
 	kv    jetstream.KeyValue
 	log   *slog.Logger
 	table atomic.Pointer[map[index.Holder]string]
 
-	written, writeErrors, updates atomic.Uint64
+	written, writeErrors, updates, malformed atomic.Uint64
+	warned                                   atomic.Int64 // unix nanoseconds of the last warning
 }
 
 // sourcesKey is the table's key: one table, the leading relay's.
@@ -64,13 +69,16 @@ func NewSources(ctx context.Context, cfg SourcesConfig) (*Sources, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultSourcesInterval
 	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = 3 * cfg.Interval
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	// JetStream's expiry markers need a TTL of a second at least; the
-	// watcher drops a table older than three intervals itself.
-	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SOURCES", max(3*cfg.Interval, time.Second))
+	// watcher drops a table older than TTL itself.
+	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SOURCES", max(cfg.TTL, time.Second))
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +100,8 @@ func (s *Sources) Publish(ctx context.Context, status func() []events.HolderStat
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				s.writeErrors.Add(1)
-				s.log.Debug("natsstream: sources table write failed", "err", err)
+				s.warn("natsstream: sources table write failed; replicas stop pulling from holders when no table arrives for the TTL",
+					"err", err, "bytes", len(buf), "ttl", s.cfg.TTL)
 			} else if err == nil {
 				s.written.Add(1)
 			}
@@ -121,21 +130,25 @@ func (s *Sources) Watch(ctx context.Context) error {
 func (s *Sources) watch(ctx context.Context) {
 	w, err := s.kv.Watch(ctx, sourcesKey)
 	if err != nil {
-		s.log.Warn("natsstream: sources watch failed", "err", err)
+		s.warn("natsstream: sources watch failed", "err", err)
 		return
 	}
 	defer w.Stop()
-	// Expiry markers can be late or lost: a table older than the bucket's
-	// TTL is dropped here too.
+	// Expiry markers can be late or lost: a table older than TTL is
+	// dropped here too. A table's age is this process's time since it
+	// arrived, not the server's stamp, which another clock wrote; only the
+	// table there already when the watch starts is aged by its stamp
+	// (never into the future).
 	check := time.NewTicker(s.cfg.Interval)
 	defer check.Stop()
 	var at time.Time
+	initial := true
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-check.C:
-			if !at.IsZero() && time.Since(at) > 3*s.cfg.Interval {
+			if !at.IsZero() && time.Since(at) > s.cfg.TTL {
 				s.table.Store(nil)
 				at = time.Time{}
 			}
@@ -144,6 +157,7 @@ func (s *Sources) watch(ctx context.Context) {
 				return
 			}
 			if e == nil {
+				initial = false // the values there at the start are in
 				continue
 			}
 			if e.Operation() != jetstream.KeyValuePut {
@@ -153,11 +167,15 @@ func (s *Sources) watch(ctx context.Context) {
 			}
 			t, err := parseSourcesTable(e.Value())
 			if err != nil {
-				s.log.Warn("natsstream: dropped a malformed sources table", "err", err)
+				s.malformed.Add(1)
+				s.warn("natsstream: dropped a malformed sources table", "err", err)
 				continue
 			}
 			s.table.Store(&t)
-			at = e.Created()
+			at = time.Now()
+			if initial && e.Created().Before(at) {
+				at = e.Created()
+			}
 			s.updates.Add(1)
 		}
 	}
@@ -178,16 +196,26 @@ func (s *Sources) Source(h index.Holder) (state string, ok bool) {
 	return st, st == events.StateLive
 }
 
+// warn logs at most once a minute: a table is written, and a watch
+// retried, every Interval.
+func (s *Sources) warn(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	if last := s.warned.Load(); now-last >= int64(time.Minute) && s.warned.CompareAndSwap(last, now) {
+		s.log.Warn(msg, args...)
+	}
+}
+
 // SourcesStats are a Sources' counters.
 type SourcesStats struct {
 	Written, WriteErrors uint64 // tables this relay wrote, and failed to
-	Updates              uint64 // tables this replica received
+	Updates, Malformed   uint64 // tables this replica received, and dropped as malformed
 	Holders              int    // holders in the table now, -1 for none
 }
 
 // Stats returns the counters.
 func (s *Sources) Stats() SourcesStats {
-	st := SourcesStats{Written: s.written.Load(), WriteErrors: s.writeErrors.Load(), Updates: s.updates.Load(), Holders: -1}
+	st := SourcesStats{Written: s.written.Load(), WriteErrors: s.writeErrors.Load(), Updates: s.updates.Load(),
+		Malformed: s.malformed.Load(), Holders: -1}
 	if t := s.table.Load(); t != nil {
 		st.Holders = len(*t)
 	}
