@@ -1,6 +1,7 @@
 package events
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,23 @@ func TestANewHolderAtTheBoundEvictsAStaleOneFirst(t *testing.T) {
 	require.Equal(t, []uint64{1}, sink.Keys("m", live, "GPU"))
 	require.Equal(t, []uint64{4}, sink.Keys("m", index.Holder{Pod: "new:1"}, "GPU"))
 	require.Equal(t, uint64(1), p.Stats().Evicted)
+}
+
+// A flood of made-up pods, each evicted in turn at the holder bound, does
+// not use up the pod states: a real pod after it has a state of its own,
+// not the shared overflow.
+func TestEvictedPodsGiveBackTheirPodState(t *testing.T) {
+	sink := eventstest.NewRecSink()
+	p := startProcessor(t, Config{Sink: sink, MaxHolders: 4})
+	for i := range 40 {
+		p.Handle(t.Context(), Message{Pod: fmt.Sprintf("10.9.0.%d:8000", i), Model: "m", Payload: storedPayload(t, uint64(i+1))})
+		require.NoError(t, p.Sync(t.Context()))
+	}
+	require.GreaterOrEqual(t, p.Stats().Evicted, uint64(36))
+	require.Eventually(t, func() bool { return p.nPods.Load() <= 4 }, 10*time.Second, 5*time.Millisecond)
+	p.Handle(t.Context(), Message{Pod: "10.0.0.1:8000", Model: "m", Payload: storedPayload(t, 99)})
+	require.NoError(t, p.Sync(t.Context()))
+	_, tracked := p.pods.Load("10.0.0.1:8000")
+	require.True(t, tracked, "the real pod got the shared overflow state")
+	require.Equal(t, []uint64{99}, sink.Keys("m", index.Holder{Pod: "10.0.0.1:8000"}, "GPU"))
 }

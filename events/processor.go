@@ -539,6 +539,25 @@ func (p *Processor) podState(pod string) *podState {
 	return v.(*podState)
 }
 
+// forgetPod drops the state of pod, whose last holder was evicted, when
+// none of its messages is in flight: the Config.MaxHolders pod states are
+// then those of pods still followed, and a new pod after a flood of
+// made-up names gets one of its own rather than the shared overflow
+// (whose replays hold the worker). A message of pod arriving meanwhile
+// makes a new state.
+func (p *Processor) forgetPod(pod string) {
+	v, ok := p.pods.Load(pod)
+	if !ok {
+		return
+	}
+	if ps := v.(*podState); ps.handed.Load() != ps.closed.Load() {
+		return
+	}
+	if p.pods.CompareAndDelete(pod, v) {
+		p.nPods.Add(-1)
+	}
+}
+
 // Stats are the processor's global counters since it was created.
 type Stats struct {
 	Messages       uint64 // messages received

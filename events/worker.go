@@ -359,6 +359,12 @@ func (w *worker) evictHolder(h *holder) {
 	}
 	delete(w.holders, h.id)
 	w.removeHolder(h.id, h.model)
+	for id := range w.holders {
+		if id.Pod == h.id.Pod {
+			return
+		}
+	}
+	w.p.forgetPod(h.id.Pod)
 }
 
 func (w *worker) removeHolder(id index.Holder, model string) {
