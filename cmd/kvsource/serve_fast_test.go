@@ -61,7 +61,8 @@ func serveRandFloat(r *rand.Rand) float64 {
 
 func TestServeAnswersEncodeAsEncodingJSONDoes(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	reasons := []picker.Reason{picker.ReasonPull, picker.ReasonNoHolder, picker.ReasonSelf, picker.ReasonLocalHit, picker.ReasonBelowThreshold}
+	reasons := []picker.Reason{picker.ReasonPull, picker.ReasonNoHolder, picker.ReasonSelf, picker.ReasonLocalHit, picker.ReasonBelowThreshold,
+		picker.ReasonNoLiveSource}
 	tierNames := []string{index.TierGPU, index.TierCPU, "DISK", "A", "Z", "gpu"}
 	for iter := range 3000 {
 		d := picker.Decision{
@@ -69,6 +70,11 @@ func TestServeAnswersEncodeAsEncodingJSONDoes(t *testing.T) {
 			Reason:      reasons[r.IntN(len(reasons))], Blocks: r.IntN(3000), BlockSize: 16,
 			Cached: r.IntN(100), Gain: r.IntN(100), Best: r.IntN(100), Recompute: r.IntN(100),
 			SavingMillis: serveRandFloat(r),
+		}
+		if r.IntN(2) == 0 {
+			// Holders passed over as no live source, as Pick reports them.
+			d.Skipped, d.SkippedBest = 1+r.IntN(5), r.IntN(100)
+			d.SkippedState = []string{"stale", "disconnected", "conflict", serveRandString(r)}[r.IntN(4)]
 		}
 		var kv picker.KVTransferParams
 		if d.Reason == picker.ReasonPull {
