@@ -10,19 +10,28 @@ import (
 	"github.com/kvsource/kvsource/events"
 )
 
+// startSweepingRelay runs a relay whose sweep forgets an idle subject
+// within about two seconds.
+func startSweepingRelay(t *testing.T) *Relay {
+	t.Helper()
+	_, js := startNATS(t).connect(t)
+	r, err := NewRelay(context.Background(), RelayConfig{JetStream: js, Name: t.Name(), LeaseTTL: time.Second, Retain: 1200 * time.Millisecond})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, r.Run(ctx)) })
+	return r
+}
+
+func (r *Relay) subjectCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.subjects)
+}
+
 // A pod that stops publishing leaves nothing behind in the relay once its
 // batches are older than Retain: not its batches, not its subject.
 func TestRelayForgetsTheSubjectsOfPodsThatStoppedPublishing(t *testing.T) {
-	env := startNATS(t)
-	_, js := env.connect(t)
-	r, err := NewRelay(context.Background(), RelayConfig{JetStream: js, Name: "sweep", LeaseTTL: time.Second, Retain: 1200 * time.Millisecond})
-	require.NoError(t, err)
-	runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, r.Run(ctx)) })
-	subjects := func() int {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return len(r.subjects)
-	}
+	r := startSweepingRelay(t)
+	subjects := r.subjectCount
 	for i := range 3 {
 		r.Tap(events.TapBatch{Model: "m", Pod: "10.0.0." + string(rune('1'+i)) + ":8000", Seq: 0, Payload: []byte{0x90}})
 	}
@@ -37,11 +46,7 @@ func TestRelayForgetsTheSubjectsOfPodsThatStoppedPublishing(t *testing.T) {
 // relay forgot its idle subject has its first batches published, not
 // taken for ones the stream has.
 func TestRelayPublishesARestartedEnginesBatchesAfterForgettingItsSubject(t *testing.T) {
-	env := startNATS(t)
-	_, js := env.connect(t)
-	r, err := NewRelay(context.Background(), RelayConfig{JetStream: js, Name: "restart", LeaseTTL: time.Second, Retain: 1200 * time.Millisecond})
-	require.NoError(t, err)
-	runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, r.Run(ctx)) })
+	r := startSweepingRelay(t)
 	require.Eventually(t, func() bool { return r.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
 	tap := func(seq uint64, payload byte) {
 		r.Tap(events.TapBatch{Model: "m", Pod: "10.0.0.1:8000", Seq: seq, Payload: []byte{0x81, 0xa1, 't', payload}})
@@ -50,11 +55,7 @@ func TestRelayPublishesARestartedEnginesBatchesAfterForgettingItsSubject(t *test
 		tap(seq, byte(seq))
 	}
 	require.Equal(t, uint64(5), r.Stats().Published)
-	require.Eventually(t, func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return len(r.subjects) == 0
-	}, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return r.subjectCount() == 0 }, 10*time.Second, 20*time.Millisecond)
 	tap(0, 100) // the restarted engine's first batches: other bytes
 	tap(1, 101)
 	require.Equal(t, uint64(7), r.Stats().Published)
