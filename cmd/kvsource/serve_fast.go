@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"net/http"
 	"slices"
 	"strconv"
@@ -186,14 +188,7 @@ func (a *servePickAnswer) appendJSON(b []byte) ([]byte, error) {
 		}
 	}
 	b = append(b, `,"missing_blocks":[`...)
-	for i, k := range d.Missing {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, '"')
-		b = serveAppendUint(b, k)
-		b = append(b, '"')
-	}
+	b = serveAppendKeys(b, d.Missing)
 	b = append(b, `],"header":{`...)
 	if pull {
 		name, value := d.Header()
@@ -322,36 +317,56 @@ func serveAppendFloat(b []byte, f float64) ([]byte, bool) {
 	return b, true
 }
 
-// serveAppendUint is strconv.AppendUint(b, k, 10) for block keys, which
-// are mostly 19 or 20 digits: split in three parts by two independent
-// divisions and written 2 digits at a time, it takes about half as long
-// as strconv's chain of divisions by 100.
-func serveAppendUint(b []byte, k uint64) []byte {
-	if k < 1e8 {
-		return strconv.AppendUint(b, k, 10)
+// serveAppendKeys appends keys as JSON strings of their decimal digits,
+// comma-separated. Block keys are mostly 19 or 20 digits: split in three
+// parts of at most 8 by two divisions by constants, each part turned into
+// its 8 ASCII digits at once in a 64-bit word (serveDigits8) and stored
+// whole into room reserved per key, it takes about half of strconv's time
+// (938 keys were a fifth of a 20,000-token pull answer's encoding).
+func serveAppendKeys(b []byte, keys []uint64) []byte {
+	const room = 24 // ',' '"' 20 digits '"', and the 8-byte stores' slack
+	b = slices.Grow(b, room*len(keys)+8)
+	for i, k := range keys {
+		n := len(b)
+		w := b[n : n+room+8]
+		o := 0
+		if i > 0 {
+			w[0] = ','
+			o = 1
+		}
+		w[o] = '"'
+		o++
+		if k >= 1e16 {
+			hi, rest := k/1e16, k%1e16 // hi < 1845
+			h := serveDigits8(uint32(hi))
+			nd := 8 - bits.TrailingZeros64(h^0x3030303030303030)/8 // hi's digits, leading zeros left out
+			binary.LittleEndian.PutUint64(w[o:], h>>(64-8*nd))
+			o += nd
+			binary.LittleEndian.PutUint64(w[o:], serveDigits8(uint32(rest/1e8)))
+			binary.LittleEndian.PutUint64(w[o+8:], serveDigits8(uint32(rest%1e8)))
+			o += 16
+		} else {
+			o += len(strconv.AppendUint(w[o:o], k, 10))
+		}
+		w[o] = '"'
+		b = b[:n+o+1]
 	}
-	hi, rest := k/1e16, k%1e16
-	mid, lo := uint32(rest/1e8), uint32(rest%1e8)
-	switch {
-	case hi > 0:
-		b = strconv.AppendUint(b, hi, 10)
-		b = serveAppend8(b, mid)
-	case mid > 0:
-		b = strconv.AppendUint(b, uint64(mid), 10)
-	}
-	return serveAppend8(b, lo)
+	return b
 }
 
-const serveDigitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
-	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
-	"8081828384858687888990919293949596979899"
-
-// serveAppend8 appends v < 1e8 as exactly 8 digits.
-func serveAppend8(b []byte, v uint32) []byte {
-	a, c := v/10000, v%10000
-	p0, p1, p2, p3 := 2*(a/100), 2*(a%100), 2*(c/100), 2*(c%100)
-	return append(b, serveDigitPairs[p0], serveDigitPairs[p0+1], serveDigitPairs[p1], serveDigitPairs[p1+1],
-		serveDigitPairs[p2], serveDigitPairs[p2+1], serveDigitPairs[p3], serveDigitPairs[p3+1])
+// serveDigits8 returns v < 1e8 as 8 ASCII digits, the first in the low
+// byte: split into lanes of 4 digits (32 bits each), 2 (16 bits), 1 (8
+// bits), each split a multiply-shift that divides every lane at once.
+func serveDigits8(v uint32) uint64 {
+	hi := v / 10000
+	y := uint64(v-hi*10000)<<32 | uint64(hi)
+	// Per 32-bit lane x < 10000: x/100 = x*10486>>20, below 2^27.
+	z := (y * 10486 >> 20) & 0x0000007F0000007F
+	y = (y-z*100)<<16 | z
+	// Per 16-bit lane x < 100: x/10 = x*103>>10, below 2^14.
+	t := (y * 103 >> 10) & 0x000F000F000F000F
+	y = (y-t*10)<<8 | t
+	return y | 0x3030303030303030
 }
 
 const serveHex = "0123456789abcdef"

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -169,14 +170,40 @@ func TestServeTakesTokensAsBase64AndAnswersAsForTheirJSON(t *testing.T) {
 	}
 }
 
-func TestServeAppendUintWritesWhatStrconvWrites(t *testing.T) {
+func TestServeAppendKeysWritesWhatStrconvWrites(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
-	for i := range 200000 {
-		k := r.Uint64() >> r.IntN(64)
-		switch i {
-		case 0, 1, 2, 3, 4, 5:
-			k = []uint64{0, 1e8 - 1, 1e8, 1e16 - 1, 1e16, math.MaxUint64}[i]
+	edges := []uint64{0, 9, 10, 1e8 - 1, 1e8, 1e16 - 1, 1e16, 1e16 + 1, 1e17, 1e18, 1e19 - 1, 1e19, math.MaxUint64}
+	for range 2000 {
+		keys := make([]uint64, r.IntN(100))
+		for i := range keys {
+			keys[i] = r.Uint64() >> r.IntN(64)
+			if r.IntN(10) == 0 {
+				keys[i] = edges[r.IntN(len(edges))]
+			}
 		}
-		require.Equal(t, strconv.FormatUint(k, 10), string(serveAppendUint(nil, k)))
+		var want []byte
+		for i, k := range keys {
+			if i > 0 {
+				want = append(want, ',')
+			}
+			want = strconv.AppendQuote(want, strconv.FormatUint(k, 10))
+		}
+		prefix := serveRandString(r)
+		require.Equal(t, prefix+string(want), string(serveAppendKeys([]byte(prefix), keys)))
+	}
+}
+
+func TestServeDigits8WritesEveryValueAsEightDigits(t *testing.T) {
+	check := func(v uint32) {
+		var a [8]byte
+		binary.LittleEndian.PutUint64(a[:], serveDigits8(v))
+		require.Equal(t, fmt.Sprintf("%08d", v), string(a[:]))
+	}
+	for v := uint32(0); v < 1e8; v += 97 {
+		check(v)
+	}
+	for _, e := range []uint32{9, 10, 99, 100, 999, 1000, 9999, 10000, 99999, 100000, 999999, 1e6, 9999999, 1e7, 99999999} {
+		check(e)
+		check(e - 1)
 	}
 }
