@@ -167,61 +167,42 @@ func (r *Reader) header(n int, what string) (uint64, error) {
 
 // ArrayLen reads an array header. The length is at most the bytes left, as
 // each element takes one byte or more.
-func (r *Reader) ArrayLen() (int, error) {
-	if r.i >= len(r.b) {
-		return 0, r.typeError("an array")
-	}
-	var n uint64
-	var err error
-	switch c := r.b[r.i]; {
-	case c&0xf0 == 0x90:
-		n = uint64(c & 0x0f)
-		r.i++
-	case c == 0xdc:
-		n, err = r.header(2, "array")
-	case c == 0xdd:
-		n, err = r.header(4, "array")
-	default:
-		return 0, r.typeError("an array")
-	}
-	if err != nil {
-		return 0, err
-	}
-	if n > uint64(r.Len()) {
-		return 0, fmt.Errorf("msgpack: array of %d items in %d bytes: %w", n, r.Len(), io.ErrUnexpectedEOF)
-	}
-	return int(n), nil
-}
+func (r *Reader) ArrayLen() (int, error) { return r.containerLen(0x90, 0xdc, "an array", "array", "items", 1) }
 
 // MapLen reads a map header. The length is at most half the bytes left, as
 // each entry takes two bytes or more.
-func (r *Reader) MapLen() (int, error) {
+func (r *Reader) MapLen() (int, error) { return r.containerLen(0x80, 0xde, "a map", "map", "entries", 2) }
+
+// containerLen reads the header of an array or a map (want, for a type
+// error): fix is its fix family's tag (length in the low 4 bits), c16 its
+// 16-bit form's (the 32-bit one follows), and each of its n items takes
+// at least per bytes.
+func (r *Reader) containerLen(fix, c16 byte, want, kind, items string, per int) (int, error) {
 	if r.i >= len(r.b) {
-		return 0, r.typeError("a map")
+		return 0, r.typeError(want)
 	}
 	var n uint64
 	var err error
 	switch c := r.b[r.i]; {
-	case c&0xf0 == 0x80:
+	case c&0xf0 == fix:
 		n = uint64(c & 0x0f)
 		r.i++
-	case c == 0xde:
-		n, err = r.header(2, "map")
-	case c == 0xdf:
-		n, err = r.header(4, "map")
+	case c == c16:
+		n, err = r.header(2, kind)
+	case c == c16+1:
+		n, err = r.header(4, kind)
 	default:
-		return 0, r.typeError("a map")
+		return 0, r.typeError(want)
 	}
 	if err != nil {
 		return 0, err
 	}
-	if n > uint64(r.Len()/2) {
-		return 0, fmt.Errorf("msgpack: map of %d entries in %d bytes: %w", n, r.Len(), io.ErrUnexpectedEOF)
+	if n > uint64(r.Len()/per) {
+		return 0, fmt.Errorf("msgpack: %s of %d %s in %d bytes: %w", kind, n, items, r.Len(), io.ErrUnexpectedEOF)
 	}
 	return int(n), nil
 }
 
-// body returns the n bytes after a header already read.
 func (r *Reader) body(n uint64, what string) ([]byte, error) {
 	if n > uint64(r.Len()) {
 		return nil, fmt.Errorf("msgpack: %s of %d bytes declared, %d left: %w", what, n, r.Len(), io.ErrUnexpectedEOF)
