@@ -102,13 +102,9 @@ func TestServeBinaryRefusesSpoofedEventsAndKeepsTheVictimIntact(t *testing.T) {
 	// from this host's own address only.
 	srv := startServeBinary(t, bin, append(eng.args, "--events-allow", "127.0.0.1/32")...)
 	tokens, keys := eng.tokens, eng.keys
-	st := eng.publishUntil(srv.base, &events.Batch{Events: []events.Event{
-		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
-		{Type: events.EventBlockStored, BlockHashes: keys[:6], TokenIDs: tokens[:6*16], BlockSize: 16, Medium: "CPU"},
-	}}, func(p servePodJSON) bool { return p.Blocks["GPU"] == 8 && p.Blocks["CPU"] == 6 && p.State == "live" })
+	st := eng.storePrompt(srv.base)
 	vh := index.Holder{Pod: victim}
-	bindPort, err := strconv.Atoi(eng.args[1][strings.LastIndexByte(eng.args[1], ':')+1:])
-	require.NoError(t, err)
+	bindPort := eng.bind
 	spoofer := newServeAttacker(t, "127.0.0.2", bindPort)
 	all := &events.Batch{Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "CPU"}}}
 	pickReq := map[string]any{"model": model, "tokens": tokens, "destination": "127.0.0.1:8008", "request_id": "r"}

@@ -120,44 +120,11 @@ func (b *serveBinary) stop(t testing.TB) {
 
 func TestServeBinaryServesEventsAndStopsOnSIGTERM(t *testing.T) {
 	bin := buildServeBinary(t)
-	bindPort := testenv.FreePort(t)
 	const pod, model = "127.0.0.1:8007", "m"
-
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 8*16)
-	for i := range tokens {
-		tokens[i] = uint32(i)
-	}
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
-
-	srv := startServeBinary(t, bin, "--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort))
-	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), Topic: "kv@" + pod + "@" + model})
-	require.NoError(t, err)
-	defer pub.Close()
-	batch := &events.Batch{Events: []events.Event{
-		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
-		{Type: events.EventBlockStored, BlockHashes: keys[:6], TokenIDs: tokens[:6*16], BlockSize: 16, Medium: "CPU"},
-	}}
-	// A PUB socket drops what it sends before the subscription reaches it,
-	// and on a loaded machine that can take a while: publish (idempotent
-	// stores) until the service shows the blocks.
-	var sent time.Time
-	require.Eventually(t, func() bool {
-		var resp struct{ Pods []servePodJSON }
-		code, body := serveCall(t, "GET", srv.base+"/v1/pods", nil)
-		if code == http.StatusOK && json.Unmarshal(body, &resp) == nil && len(resp.Pods) == 1 &&
-			resp.Pods[0].Blocks["GPU"] == 8 && resp.Pods[0].Blocks["CPU"] == 6 {
-			return true
-		}
-		if time.Since(sent) > 300*time.Millisecond {
-			_, err := pub.Publish(batch)
-			require.NoError(t, err)
-			sent = time.Now()
-		}
-		return false
-	}, 15*time.Second, 20*time.Millisecond)
+	eng := newServeBinaryEngine(t, pod, model, 1)
+	tokens := eng.tokens
+	srv := startServeBinary(t, bin, eng.args...)
+	eng.storePrompt(srv.base)
 
 	code, body := serveCall(t, "POST", srv.base+"/v1/pick", map[string]any{
 		"model": model, "tokens": tokens, "destination": "127.0.0.1:8008", "request_id": "r"})
@@ -184,10 +151,7 @@ func TestServeBinaryKeepsItsIndexAcrossRestarts(t *testing.T) {
 
 	first := startServeBinary(t, bin, args...)
 	first.waitLog(t, "no snapshot yet")
-	st := publishUntil(first.base, &events.Batch{Events: []events.Event{
-		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
-		{Type: events.EventBlockStored, BlockHashes: keys[:6], TokenIDs: tokens[:6*16], BlockSize: 16, Medium: "CPU"},
-	}}, func(p servePodJSON) bool { return p.Blocks["GPU"] == 8 && p.Blocks["CPU"] == 6 })
+	st := eng.storePrompt(first.base)
 	first.stop(t)
 	first.waitLog(t, "snapshot saved")
 
@@ -241,6 +205,7 @@ type serveBinaryEngine struct {
 	t      *testing.T
 	pub    *zmq.Publisher
 	args   []string // the binary's --events-bind and --events-replay
+	bind   int      // the --events-bind port
 	tokens []uint32
 	keys   []uint64
 	// pod, when set, is the pod podState reads among others.
@@ -257,7 +222,7 @@ func newServeBinaryEngine(t *testing.T, pod, model string, mul uint32) *serveBin
 		Topic: "kv@" + pod + "@" + model})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
-	return &serveBinaryEngine{t: t, pub: pub, tokens: tokens, keys: keys, args: []string{
+	return &serveBinaryEngine{t: t, pub: pub, bind: bindPort, tokens: tokens, keys: keys, args: []string{
 		"--events-bind", fmt.Sprintf("tcp://127.0.0.1:%d", bindPort),
 		"--events-replay", fmt.Sprintf("%s=tcp://127.0.0.1:%d", pod, replayPort)}}
 }
@@ -296,6 +261,17 @@ func (e *serveBinaryEngine) podState(base string) (servePodJSON, bool) {
 		}
 	}
 	return servePodJSON{}, false
+}
+
+// storePrompt publishes that the engine holds its prompt, every block on
+// GPU and the first 6 on CPU, until the service shows the pod live with
+// them, and returns the pod's state then.
+func (e *serveBinaryEngine) storePrompt(base string) servePodJSON {
+	e.t.Helper()
+	return e.publishUntil(base, &events.Batch{Events: []events.Event{
+		{Type: events.EventBlockStored, BlockHashes: e.keys, TokenIDs: e.tokens, BlockSize: 16, Medium: "GPU"},
+		{Type: events.EventBlockStored, BlockHashes: e.keys[:6], TokenIDs: e.tokens[:6*16], BlockSize: 16, Medium: "CPU"},
+	}}, func(p servePodJSON) bool { return p.Blocks["GPU"] == 8 && p.Blocks["CPU"] == 6 && p.State == "live" })
 }
 
 // publishUntil publishes b, again every 300ms (a connecting publisher's

@@ -156,10 +156,7 @@ func TestServeBinaryRestartsFromThePeriodicSnapshotAfterKill9(t *testing.T) {
 
 	first := startServeBinary(t, bin, args...)
 	first.waitLog(t, "no snapshot yet")
-	st := publishUntil(first.base, &events.Batch{Events: []events.Event{
-		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
-		{Type: events.EventBlockStored, BlockHashes: keys[:6], TokenIDs: tokens[:6*16], BlockSize: 16, Medium: "CPU"},
-	}}, func(p servePodJSON) bool { return p.Blocks["GPU"] == 8 && p.Blocks["CPU"] == 6 })
+	st := eng.storePrompt(first.base)
 	// Wait for a periodic save that holds what the pod published.
 	holder := index.Holder{Pod: pod}
 	require.Eventually(t, func() bool {
