@@ -167,11 +167,15 @@ func (r *Reader) header(n int, what string) (uint64, error) {
 
 // ArrayLen reads an array header. The length is at most the bytes left, as
 // each element takes one byte or more.
-func (r *Reader) ArrayLen() (int, error) { return r.containerLen(0x90, 0xdc, "an array", "array", "items", 1) }
+func (r *Reader) ArrayLen() (int, error) {
+	return r.containerLen(0x90, 0xdc, "an array", "array", "items", 1)
+}
 
 // MapLen reads a map header. The length is at most half the bytes left, as
 // each entry takes two bytes or more.
-func (r *Reader) MapLen() (int, error) { return r.containerLen(0x80, 0xde, "a map", "map", "entries", 2) }
+func (r *Reader) MapLen() (int, error) {
+	return r.containerLen(0x80, 0xde, "a map", "map", "entries", 2)
+}
 
 // containerLen reads the header of an array or a map (want, for a type
 // error): fix is its fix family's tag (length in the low 4 bits), c16 its
