@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -75,9 +76,7 @@ func Python(t testing.TB) string {
 func FreePortPair(t testing.TB) (int, int) {
 	t.Helper()
 	for range 100 {
-		p := FreePort(t)
-		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
-			l.Close()
+		if p, ok := claimPort(2); ok {
 			return p, p + 1
 		}
 	}
@@ -88,12 +87,52 @@ func FreePortPair(t testing.TB) (int, int) {
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
+	for range 100 {
+		if p, ok := claimPort(1); ok {
+			return p
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("testenv: no free port")
+	return 0
+}
+
+// Test ports come from below Linux's ephemeral range (32768-60999 by
+// default, net.ipv4.ip_local_port_range). A port the kernel chose for a
+// listen on port 0 could be taken, between the check and the test's bind,
+// by the kernel again: as the local port of any outgoing connection, of
+// which the tests make many. A port below the range it never hands out.
+const (
+	portLow  = 20000
+	portHigh = 32768
+)
+
+var (
+	portMu      sync.Mutex
+	portClaimed = map[int]bool{}
+)
+
+// claimPort picks n consecutive ports at random that no earlier call of
+// this process returned and that each take a listener, and reports
+// whether it found them. The random start keeps test binaries running at
+// the same time apart.
+func claimPort(n int) (int, bool) {
+	portMu.Lock()
+	defer portMu.Unlock()
+	p := portLow + rand.IntN(portHigh-portLow-n)
+	for i := range n {
+		if portClaimed[p+i] {
+			return 0, false
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
+		if err != nil {
+			return 0, false
+		}
+		l.Close()
+	}
+	for i := range n {
+		portClaimed[p+i] = true
+	}
+	return p, true
 }
 
 // SyncBuffer is a bytes.Buffer safe for a logger writing and a test
