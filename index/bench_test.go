@@ -92,13 +92,17 @@ func BenchmarkLookupMapFloor(b *testing.B) {
 	}
 }
 
-// BenchmarkLookupUnderIngest measures lookup latency while a writer stores
-// and removes chains for the same holders at full speed, including the
-// tails of the prompt's prefixes.
 // BenchmarkLookupUnderIngest measures lookups while a writer stores and
-// removes: flat out (as fast as one core can write, 10M writes/s and more,
+// removes chains for the same holders, including the tails of the prompt's
+// prefixes: flat out (as fast as one core can write, 10M writes/s and more,
 // some 40 times what a fleet's events bring), and paced at 1M writes/s (4
 // times the 258K blocks/s of the issue-14 load run).
+//
+// After each lookup it times a control: fixed arithmetic without memory
+// accesses, as long as a median lookup. Its quantiles (p50-control-ns,
+// p99-control-ns) are what the machine alone does to the tail of a task
+// that long, in the same run; x-control-p99 is the lookups' p99 over the
+// control's.
 func BenchmarkLookupUnderIngest(b *testing.B) {
 	b.Run("flat-out", func(b *testing.B) { benchLookupUnderIngest(b, 0) })
 	b.Run("paced-1M", func(b *testing.B) { benchLookupUnderIngest(b, 1e6) })
@@ -149,11 +153,12 @@ func benchLookupUnderIngest(b *testing.B, rate float64) {
 		}
 	})
 	var res Result
-	var lat, cpu latencies
+	var lat, cpu, control latencies
 	// The thread's CPU time per lookup leaves out the time the OS ran
 	// other processes, which on a shared machine sets the wall-time tail.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	spins := controlSpins(f, &res)
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	b.ResetTimer()
@@ -161,8 +166,11 @@ func benchLookupUnderIngest(b *testing.B, rate float64) {
 		c0 := threadCPU()
 		t0 := time.Now()
 		f.ix.Lookup("m", f.prompt, &res)
-		lat.add(time.Since(t0))
+		t1 := time.Now()
+		lat.add(t1.Sub(t0))
 		cpu.add(threadCPU() - c0)
+		controlSink += controlWork(spins)
+		control.add(time.Since(t1))
 	}
 	elapsed := time.Since(began)
 	stop.Store(true)
@@ -180,6 +188,41 @@ func benchLookupUnderIngest(b *testing.B, rate float64) {
 		b.ReportMetric(float64(cpu.quantile(0.99)), "p99-cpu-ns")
 	}
 	b.ReportMetric(float64(writes.Load())/elapsed.Seconds(), "writes/s")
+	b.ReportMetric(float64(control.quantile(0.5)), "p50-control-ns")
+	b.ReportMetric(float64(control.quantile(0.99)), "p99-control-ns")
+	b.ReportMetric(float64(lat.quantile(0.99))/float64(control.quantile(0.99)), "x-control-p99")
+}
+
+// controlWork is n dependent multiply-adds: work of a fixed length that
+// touches no memory, so that only the machine varies its time.
+func controlWork(n int) uint64 {
+	x := uint64(n)
+	for i := range n {
+		x = x*0x9E3779B97F4A7C15 + uint64(i)
+	}
+	return x
+}
+
+var controlSink uint64
+
+// controlSpins returns the n for which controlWork takes as long as a
+// median lookup of f's prompt, both measured here with the writer running,
+// after lookups as many as the measurement's to warm up the caches.
+func controlSpins(f *benchFleet, res *Result) int {
+	const probe, rounds = 4096, 2000
+	for range rounds {
+		f.ix.Lookup("m", f.prompt, res)
+	}
+	var look, spin latencies
+	for range rounds {
+		t0 := time.Now()
+		f.ix.Lookup("m", f.prompt, res)
+		t1 := time.Now()
+		controlSink += controlWork(probe)
+		look.add(t1.Sub(t0))
+		spin.add(time.Since(t1))
+	}
+	return max(1, int(int64(probe)*look.quantile(0.5)/spin.quantile(0.5)))
 }
 
 // latencies is a histogram of durations: 16 ns buckets to 64 µs, 4 µs
