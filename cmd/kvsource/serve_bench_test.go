@@ -72,6 +72,8 @@ func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byt
 
 // serveDiscardWriter is a ResponseWriter that keeps nothing but its header
 // map, so that the benchmark measures the handler rather than a recorder.
+// It flushes, as the server's writer does: the handler counts an answer it
+// cannot flush as aborted.
 type serveDiscardWriter struct {
 	h    http.Header
 	code int
@@ -81,6 +83,7 @@ type serveDiscardWriter struct {
 func (w *serveDiscardWriter) Header() http.Header         { return w.h }
 func (w *serveDiscardWriter) WriteHeader(code int)        { w.code = code }
 func (w *serveDiscardWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p), nil }
+func (w *serveDiscardWriter) Flush()                      {}
 
 // BenchmarkServe runs the service's handler (mux, limits, metrics, decode,
 // hash, pick, encode; no network) on a 20,000-token JSON /v1/pick body over
