@@ -30,7 +30,8 @@ import (
 //	                -> {"destination", "source" (or null), "reason", "destination_cached_blocks", "source_blocks",
 //	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params",
 //	                    "predicted_saving_ms" (with --calibration), "skipped_sources", "skipped_state"?, ...}
-//	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight
+//	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight: the
+//	                pick's request_id, or the kv_request_id its answer made up when it had none
 //	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "state", "inflight_pulls",
 //	                 and each per-holder counter of events.Counters: "gaps", "replays", "decode_errors",
 //	                 "hash_mismatches", ...}]}

@@ -511,12 +511,6 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 	}
 	s.decisions.WithLabelValues(string(d.Reason)).Inc()
 	s.pulled.Add(float64(d.Gain))
-	if d.Reason == picker.ReasonPull && req.RequestID != "" {
-		// Kept for Done. The copy and d release the same pull, once.
-		if old, loaded := s.pulls.LoadAndStore(req.RequestID, &serveInflightPull{d: d, at: time.Now()}); loaded {
-			old.d.Done()
-		}
-	}
 	a := servePickAnswer{d: &d, saving: s.cfg.Calibration != ""}
 	if d.Reason == picker.ReasonPull {
 		// The consumer engine keys its pull session with the producer by
@@ -527,6 +521,12 @@ func (s *serveService) handlePick(w http.ResponseWriter, r *http.Request) error 
 			kvID = serveNewKVRequestID()
 		}
 		a.kv = d.KVTransferParams(kvID)
+		// Kept for Done under the id the answer names, so that a pick
+		// without a request_id can be released by its kv_request_id. The
+		// copy and d release the same pull, once.
+		if old, loaded := s.pulls.LoadAndStore(kvID, &serveInflightPull{d: d, at: time.Now()}); loaded {
+			old.d.Done()
+		}
 	}
 	if b.out, err = a.appendJSON(b.out[:0]); err != nil {
 		return err

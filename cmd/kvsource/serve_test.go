@@ -315,6 +315,38 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 	require.JSONEq(t, `{"released":false}`, string(body))
 }
 
+func TestServeDoneReleasesAPickWithoutRequestIDByItsKVRequestID(t *testing.T) {
+	s, base := startServe(t, "--events-bind", "tcp://127.0.0.1:0")
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 4*16)
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	src := index.Holder{Pod: "127.0.0.1:8002"}
+	newServeFeeder(t, s).store(src.Pod, "m", "CPU", keys)
+
+	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000"})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	var ans struct {
+		Reason string `json:"reason"`
+		KV     struct {
+			Source struct {
+				ID string `json:"kv_request_id"`
+			} `json:"remote_kv_source"`
+		} `json:"kv_transfer_params"`
+	}
+	require.NoError(t, json.Unmarshal(body, &ans))
+	require.Equal(t, "pull", ans.Reason)
+	require.NotEmpty(t, ans.KV.Source.ID)
+	require.Equal(t, 1, s.pk.Inflight(src))
+
+	code, body = serveCall(t, "POST", base+"/v1/done", map[string]any{"request_id": ans.KV.Source.ID})
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"released":true}`, string(body))
+	require.Equal(t, 0, s.pk.Inflight(src))
+	require.Equal(t, 0, s.pulls.Size())
+}
+
 // FuzzServeRequests posts arbitrary bodies to the JSON endpoints: every
 // answer is valid JSON, 200 or a 400 or 413 with a JSON error, never a 500 or a
 // panic.
