@@ -125,8 +125,11 @@
 // What it cannot check: a peer that can send from a pod's own IP (same host,
 // or a spoofed source on a network without ingress filtering, which TCP's
 // handshake makes impractical beyond one hop) is that pod: its empty batch at
-// seq 0 is a genuine restart. Pods sharing an IP share their fate, since
-// libzmq names a message's sender address, not its connection. A DNS-named pod
+// seq 0 is a genuine restart. On a bind socket, libzmq names a message's
+// sender address, not its connection: when one of several connections from
+// an address closes (one of a host's engines died), every pod of that
+// address is disconnected until its next message, since which one died is
+// unknown; connect mode follows each engine exactly. A DNS-named pod
 // can be impersonated from inside an allowed network: name pods by IP, or
 // allow only the pods' own network. Payload contents (which blocks a pod
 // claims) are the engine's word; a lying engine costs its own requests a

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -172,7 +173,9 @@ func TestServeBinaryRefusesSpoofedEventsAndKeepsTheVictimIntact(t *testing.T) {
 		for h := range servePods(t, srv.base) {
 			require.True(t, h == vh || strings.HasPrefix(h.Pod, "127.0.0.2:"), h.Pod)
 		}
-		newcomer := newServeBinaryPod(t, "127.0.0.1:8009", model, bindPort)
+		// On a host of its own: when its publisher closes at the end of
+		// this step, the victim on 127.0.0.1 stays connected.
+		newcomer := newServeBinaryPod(t, "127.0.0.4:8009", model, bindPort)
 		newcomer.publishUntil(srv.base, all, func(p servePodJSON) bool { return p.Blocks["CPU"] == 8 && p.State == "live" })
 		intact("after the flood")
 	})
@@ -198,11 +201,13 @@ func TestServeBinaryRefusesSpoofedEventsAndKeepsTheVictimIntact(t *testing.T) {
 	srv.stop(t)
 }
 
-// newServeBinaryPod is an engine publishing under pod from 127.0.0.1 into
-// the --events-bind port, without replay.
+// newServeBinaryPod is an engine publishing under pod, an IP and port on
+// 127.0.0.0/8, from that IP into the --events-bind port, without replay.
 func newServeBinaryPod(t *testing.T, pod, model string, bindPort int) *serveBinaryEngine {
 	t.Helper()
-	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: fmt.Sprintf("tcp://127.0.0.1:%d", bindPort), Topic: "kv@" + pod + "@" + model})
+	host, _, err := net.SplitHostPort(pod)
+	require.NoError(t, err)
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: fmt.Sprintf("tcp://%s:0;127.0.0.1:%d", host, bindPort), Topic: "kv@" + pod + "@" + model})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	return &serveBinaryEngine{t: t, pub: pub, pod: pod}

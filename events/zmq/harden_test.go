@@ -114,3 +114,35 @@ func TestAPublisherThatGoesAwayIsDisconnectedAndNoSource(t *testing.T) {
 		})
 	}
 }
+
+func TestBindModeDisconnectsAHostsPodsWhenOneOfItsConnectionsCloses(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t)
+	sink := eventstest.NewRecSink()
+	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink}, Bind: []string{localEP(port)}})
+	// Two engines on one host, 127.0.0.2: their messages carry the same
+	// peer address, so which one a closed connection was is unknown.
+	dead := newPublisher(t, PublisherConfig{Connect: fromEP("127.0.0.2", port), Topic: "kv@127.0.0.2:9000@m"})
+	alive := newPublisher(t, PublisherConfig{Connect: fromEP("127.0.0.2", port), Topic: "kv@127.0.0.2:9001@m"})
+	hd, ha := index.Holder{Pod: "127.0.0.2:9000"}, index.Holder{Pod: "127.0.0.2:9001"}
+	warmUp(t, dead, s, 0)
+	warmUp(t, alive, s, 0)
+	for _, h := range []index.Holder{hd, ha} {
+		require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateLive }, waitLong, 5*time.Millisecond)
+	}
+
+	require.NoError(t, dead.Close())
+	for _, h := range []index.Holder{hd, ha} {
+		require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond, "%v", h)
+		_, source := s.Source(h)
+		require.False(t, source)
+	}
+	// The engine still there is a source again with its next batch; the
+	// one that went away stays out.
+	publish(t, alive, stored(0, nil, 1))
+	requireKeys(t, sink, "m", ha, "GPU", 1)
+	require.Eventually(t, func() bool { return statusOf(s, ha).State == events.StateLive }, waitLong, 5*time.Millisecond)
+	_, source := s.Source(ha)
+	require.True(t, source)
+	require.Equal(t, events.StateDisconnected, statusOf(s, hd).State)
+}

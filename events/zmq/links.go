@@ -49,10 +49,14 @@ func closeMonitored(sock, mon *zmq4.Socket) {
 // links is the bind socket's view of who is connected: its connections'
 // peer addresses (libzmq's monitor reports each accepted connection's file
 // descriptor, whose peer the kernel knows) and the pods whose messages
-// came from each address. A pod is connected while its address has a
-// connection: libzmq says which address a message came from
-// ("Peer-Address"), not which of an address's connections, so pods sharing
-// an address share their fate.
+// came from each address. libzmq says which address a message came from
+// ("Peer-Address"), not which of the address's connections, so when one of
+// several connections from an address closes (one of a host's engines
+// died) it cannot tell whose: every pod of that address is disconnected
+// until its next message shows it alive. When an address's last connection
+// closes its pods are disconnected and come back with its next connection.
+// Connect mode, which dials each engine itself, follows every engine
+// exactly.
 type links struct {
 	fds     map[int]netip.Addr      // accepted connection -> peer
 	conns   map[netip.Addr]int      // peer -> connections
@@ -93,11 +97,17 @@ func (l *links) closed(fd int, report func(pod string, up bool)) {
 		return
 	}
 	delete(l.fds, fd)
+	pods := l.pods[addr]
 	if l.conns[addr]--; l.conns[addr] > 0 {
-		return
+		// Forgotten, so that heard reports each back up.
+		for _, pod := range pods {
+			delete(l.podAddr, pod)
+		}
+		delete(l.pods, addr)
+	} else {
+		delete(l.conns, addr)
 	}
-	delete(l.conns, addr)
-	for _, pod := range l.pods[addr] {
+	for _, pod := range pods {
 		report(pod, false)
 	}
 }
