@@ -5,10 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,6 +100,37 @@ type serveLimiter struct {
 	slots    chan struct{}
 	rejected *prometheus.CounterVec
 	aborted  *prometheus.CounterVec
+	logs     [serveLogKinds]serveLogLimit
+}
+
+// The kinds of answerError's log lines, each limited on its own.
+const (
+	serveLogTimeout = iota
+	serveLogCanceled
+	serveLogBadRequest
+	serveLogNotFound
+	serveLogFailed
+	serveLogKinds
+)
+
+// serveLogLimit lets one line of a kind through a second, so that a
+// client sending bad requests cannot flood the log; the next line says
+// how many were left out.
+type serveLogLimit struct {
+	last    atomic.Int64 // unix nanoseconds of the last line
+	skipped atomic.Int64
+}
+
+// allow reports whether a line may be logged now and how many were left
+// out since the last one.
+func (l *serveLogLimit) allow() (int64, bool) {
+	now := time.Now().UnixNano()
+	last := l.last.Load()
+	if now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
+		l.skipped.Add(1)
+		return 0, false
+	}
+	return l.skipped.Swap(0), true
 }
 
 // Rejection reasons, the reason label of kvsource_http_rejected_total.
@@ -108,7 +141,13 @@ const (
 	serveRejectTokens    = "too_many_tokens"
 	serveRejectFieldSize = "field_too_long"
 	serveRejectCanceled  = "canceled"
+	// serveRejectBadRequest is any other 400: malformed JSON, wrong types,
+	// a missing or invalid member.
+	serveRejectBadRequest = "bad_request"
 )
+
+var serveRejectReasons = []string{serveRejectOverload, serveRejectTimeout, serveRejectBodySize, serveRejectTokens,
+	serveRejectFieldSize, serveRejectCanceled, serveRejectBadRequest}
 
 // serveStatusClientClosed is the status, nginx's 499, a request gets in the
 // metrics when its client hung up before the answer: no client reads it.
@@ -118,7 +157,7 @@ func (s *serveService) initLimits() {
 	s.lim.slots = make(chan struct{}, s.cfg.MaxInflight)
 	s.lim.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvsource_http_rejected_total",
-		Help: "Requests refused by a limit, by path and reason: overload (503), timeout (503), body_too_large (413), too_many_tokens (413), field_too_long (400).",
+		Help: "Requests refused, by path and reason: overload (503), timeout (503), body_too_large (413), too_many_tokens (413), field_too_long (400), bad_request (400: malformed or invalid), canceled (the client hung up first).",
 	}, []string{"path", "reason"})
 	s.lim.aborted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvsource_http_aborted_total",
@@ -220,7 +259,7 @@ func (s *serveService) classify(r *http.Request, err error) (int, string) {
 	case errors.As(err, &fl):
 		return http.StatusBadRequest, serveRejectFieldSize
 	case errors.As(err, &br):
-		return http.StatusBadRequest, ""
+		return http.StatusBadRequest, serveRejectBadRequest
 	case errors.As(err, &nf):
 		return http.StatusNotFound, ""
 	}
@@ -231,19 +270,25 @@ func (s *serveService) classify(r *http.Request, err error) (int, string) {
 func (s *serveService) answerError(w http.ResponseWriter, r *http.Request, path string, err error) int {
 	code, reason := s.classify(r, err)
 	msg := err.Error()
+	kind, level, line := serveLogFailed, slog.LevelError, "kvsource serve: request failed"
 	switch {
 	case reason == serveRejectTimeout:
 		w.Header().Set("Retry-After", serveRetryAfter)
 		msg = fmt.Sprintf("request timeout: not answered within %v (--request-timeout): %v", s.cfg.RequestTimeout, err)
-		s.log.Info("kvsource serve: request timed out", "path", path, "remote", r.RemoteAddr, "err", err)
+		kind, level, line = serveLogTimeout, slog.LevelInfo, "kvsource serve: request timed out"
 	case reason == serveRejectCanceled:
-		s.log.Info("kvsource serve: client gone before the answer", "path", path, "remote", r.RemoteAddr, "err", err)
+		kind, level, line = serveLogCanceled, slog.LevelInfo, "kvsource serve: client gone before the answer"
 	case code == http.StatusBadRequest || code == http.StatusRequestEntityTooLarge:
-		s.log.Info("kvsource serve: bad request", "path", path, "remote", r.RemoteAddr, "err", err)
+		kind, level, line = serveLogBadRequest, slog.LevelInfo, "kvsource serve: bad request"
 	case code == http.StatusNotFound:
-		s.log.Info("kvsource serve: not found", "path", path, "remote", r.RemoteAddr, "err", err)
-	default:
-		s.log.Error("kvsource serve: request failed", "path", path, "remote", r.RemoteAddr, "err", err)
+		kind, level, line = serveLogNotFound, slog.LevelInfo, "kvsource serve: not found"
+	}
+	if skipped, ok := s.lim.logs[kind].allow(); ok {
+		args := []any{"path", path, "remote", r.RemoteAddr, "err", err}
+		if skipped > 0 {
+			args = append(args, "not_logged_before", skipped)
+		}
+		s.log.Log(r.Context(), level, line, args...)
 	}
 	if reason != "" {
 		s.lim.rejected.WithLabelValues(path, reason).Inc()

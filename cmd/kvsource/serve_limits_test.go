@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -275,4 +276,43 @@ func TestServeClassifiesAClientThatHungUpApartFromFailures(t *testing.T) {
 	require.Equal(t, serveRejectCanceled, reason)
 	code, _ = s.classify(httptest.NewRequest(http.MethodPost, "/v1/score", nil), errors.New("boom"))
 	require.Equal(t, http.StatusInternalServerError, code)
+}
+
+func TestServeCountsBadRequestsAndLogsAFewOfThem(t *testing.T) {
+	var logs syncLog
+	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0"}, io.Discard)
+	require.NoError(t, err)
+	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	require.NoError(t, err)
+	require.NoError(t, s.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, s.Shutdown(ctx))
+	})
+	base := "http://" + s.Addr()
+
+	// The series are there before the first refusal, for alerts.
+	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
+	require.Contains(t, string(metrics), `kvsource_http_rejected_total{path="/v1/pick",reason="bad_request"} 0`)
+	require.Contains(t, string(metrics), `kvsource_http_aborted_total{code="200",path="/v1/pick"} 0`)
+
+	start := time.Now()
+	const n = 300
+	for range n {
+		code, _ := serveCall(t, "POST", base+"/v1/pick", "x")
+		require.Equal(t, http.StatusBadRequest, code)
+	}
+	elapsed := time.Since(start)
+	require.Eventually(t, func() bool { return serveRejected(s, "/v1/pick", serveRejectBadRequest) == n }, 10*time.Second, time.Millisecond)
+	lines := strings.Count(logs.String(), `msg="kvsource serve: bad request"`)
+	t.Logf("%d lines for %d bad requests in %v", lines, n, elapsed)
+	require.Positive(t, lines)
+	require.LessOrEqual(t, lines, int(elapsed/time.Second)+1)
+	// The next line a second later says how many were left out.
+	require.Eventually(t, func() bool {
+		code, _ := serveCall(t, "POST", base+"/v1/pick", "x")
+		require.Equal(t, http.StatusBadRequest, code)
+		return strings.Contains(logs.String(), "not_logged_before=")
+	}, 10*time.Second, 50*time.Millisecond)
 }

@@ -343,6 +343,11 @@ func serveUnseen(list []index.HolderModel, status []events.HolderStatus) []index
 // errors into JSON error responses: 400 for the client's mistakes, 413 for
 // a request over a size limit, 503 past the deadline, 500 otherwise.
 func (s *serveService) instrument(path string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	// Series that exist before their first count can be alerted on.
+	s.lim.aborted.WithLabelValues(path, "200")
+	for _, reason := range serveRejectReasons {
+		s.lim.rejected.WithLabelValues(path, reason)
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, release, ok := s.admit(w, r, path)
 		if !ok {
