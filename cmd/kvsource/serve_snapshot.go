@@ -95,6 +95,9 @@ func (s *serveService) loadSnapshot(cfg index.Config) (*index.Index, map[index.H
 	if path == "" {
 		return index.New(cfg), nil, nil
 	}
+	if err := serveCheckWritable(path); err != nil {
+		return nil, nil, err
+	}
 	s.snap.tempsRemoved = serveRemoveStaleTemps(path, s.log)
 	idx, seqs, err := index.LoadFile(path, cfg)
 	switch {
@@ -117,6 +120,18 @@ func (s *serveService) loadSnapshot(cfg index.Config) (*index.Index, map[index.H
 	st := idx.Stats()
 	s.log.Info("kvsource serve: snapshot loaded", "snapshot", path, "holders", st.Holders, "holdings", st.HolderBlocks)
 	return idx, seqs, nil
+}
+
+// serveCheckWritable fails when path's directory takes no new file, as a
+// save will need: better at start-up than at the first save, a minute on,
+// or at shutdown.
+func serveCheckWritable(path string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".probe-*")
+	if err != nil {
+		return fmt.Errorf("--snapshot %s: cannot write its directory (create it, or give a writable path): %w", path, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // serveRemoveStaleTemps removes the temporary files of path's saves (see

@@ -111,6 +111,26 @@ func TestServeCorruptSnapshotFailsOrIsMovedAsideToStartEmpty(t *testing.T) {
 	require.Equal(t, 1.0, serveCount(s, "kvsource_snapshot_corrupt_moved_aside"))
 }
 
+func TestServeRefusesToStartWithASnapshotPathItCannotWrite(t *testing.T) {
+	dir := t.TempDir()
+	for _, path := range []string{filepath.Join(dir, "missing", "index.snap"), filepath.Join(dir, "file", "index.snap")} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "file"), nil, 0o600))
+		cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", path}, io.Discard)
+		require.NoError(t, err)
+		_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		require.ErrorContains(t, err, "cannot write its directory", path)
+	}
+	// A writable directory keeps no trace of the check.
+	path := filepath.Join(dir, "index.snap")
+	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", path}, io.Discard)
+	require.NoError(t, err)
+	_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, left, 1) // "file"
+}
+
 type serveRecorded struct {
 	code int
 	body []byte
