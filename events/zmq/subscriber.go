@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -114,7 +116,7 @@ type source struct {
 // NewSubscriber checks cfg and returns a Subscriber; Run starts it.
 func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	for _, ep := range cfg.Bind {
-		if err := checkEndpoint(ep); err != nil {
+		if err := checkEndpoint(ep, false); err != nil {
 			return nil, err
 		}
 	}
@@ -153,8 +155,26 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		ready: make(chan struct{})}, nil
 }
 
-func checkEndpoint(ep string) error {
-	for _, p := range []string{"tcp://", "ipc://", "inproc://"} {
+// checkEndpoint checks an endpoint to bind, or to connect to when connect
+// is set, so that a typo fails at once rather than in libzmq's I/O thread
+// later: a tcp:// one needs a host and a port ("*" or 0 only to bind; a
+// source address before a ";" is allowed).
+func checkEndpoint(ep string, connect bool) error {
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
+		addr := rest[strings.LastIndexByte(rest, ';')+1:]
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || host == "" {
+			return fmt.Errorf("%w: %q: want tcp://HOST:PORT", ErrBadEndpoint, ep)
+		}
+		n, err := strconv.ParseUint(port, 10, 16)
+		switch {
+		case port == "*" && !connect:
+		case err != nil || connect && n == 0:
+			return fmt.Errorf("%w: %q: port %q", ErrBadEndpoint, ep, port)
+		}
+		return nil
+	}
+	for _, p := range []string{"ipc://", "inproc://"} {
 		if rest, ok := strings.CutPrefix(ep, p); ok && rest != "" {
 			return nil
 		}
@@ -194,7 +214,7 @@ func (s *Subscriber) AddPodConfig(p PodConfig) error {
 		if ep == "" {
 			continue
 		}
-		if err := checkEndpoint(ep); err != nil {
+		if err := checkEndpoint(ep, true); err != nil {
 			return err
 		}
 	}

@@ -140,7 +140,17 @@ func TestNewSubscriberRejectsBadConfig(t *testing.T) {
 	require.ErrorIs(t, err, events.ErrConfig)
 	s, err := NewSubscriber(SubscriberConfig{Events: events.Config{Sink: eventstest.NewRecSink()}})
 	require.NoError(t, err)
-	require.ErrorIs(t, s.AddPod("p", "localhost:1", ""), ErrBadEndpoint)
+	for _, ep := range []string{"localhost:1", "tcp://127.0.0.1", "tcp://127.0.0.1:", "tcp://:5557", "tcp://127.0.0.1:0",
+		"tcp://127.0.0.1:*", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:http", "ipc://"} {
+		require.ErrorIs(t, s.AddPod("p", ep, ""), ErrBadEndpoint, ep)
+		require.ErrorIs(t, s.AddPod("p", "tcp://127.0.0.1:1", ep), ErrBadEndpoint, "replay %s", ep)
+	}
+	for _, ep := range []string{"tcp://10.0.0.7:5557", "tcp://[fd00::1]:5557", "tcp://vllm-0.svc:5557", "tcp://127.0.0.2:0;127.0.0.1:5557", "ipc:///tmp/kv"} {
+		require.NoError(t, s.AddPod("p", ep, ""), ep)
+	}
+	for _, ep := range []string{"tcp://*:5557", "tcp://127.0.0.1:0", "tcp://127.0.0.1:*", "tcp://eth0:5557"} {
+		require.NoError(t, checkEndpoint(ep, false), ep)
+	}
 	require.ErrorIs(t, s.AddPod("", "tcp://127.0.0.1:1", ""), events.ErrConfig)
 }
 
