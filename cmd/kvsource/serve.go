@@ -315,7 +315,7 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	serveApplyMemoryLimit(cfg.IndexMemory, log)
-	s, err := newServeService(cfg, log)
+	s, err := newServeService(ctx, cfg, log)
 	if err != nil {
 		log.Error("kvsource serve: start-up failed", "err", err)
 		return 1

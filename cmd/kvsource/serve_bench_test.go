@@ -33,7 +33,7 @@ func serveBenchFleet(tb testing.TB, n int, args ...string) (*serveService, []byt
 	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0", "--hash-cache-bytes", "0",
 		"--events-bind", "tcp://127.0.0.1:0", "--events-no-sender-check", "--events-max-pods-per-sender", "128"}, args...), io.Discard)
 	require.NoError(tb, err)
-	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(tb, err)
 	require.NoError(tb, s.Start(context.Background()))
 	tb.Cleanup(func() {

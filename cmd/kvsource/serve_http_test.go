@@ -114,7 +114,7 @@ func TestServeShutdownStopsWaitingForAStuckSubscriberAndStillSaves(t *testing.T)
 	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", snapshot}, io.Discard)
 	require.NoError(t, err)
 	var logs serveLockedBuffer
-	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))
 	// A subscriber that never reports back.

@@ -282,7 +282,7 @@ func TestServeCountsBadRequestsAndLogsAFewOfThem(t *testing.T) {
 	var logs syncLog
 	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0"}, io.Discard)
 	require.NoError(t, err)
-	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))
 	t.Cleanup(func() {

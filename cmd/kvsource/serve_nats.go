@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -98,7 +100,9 @@ type serveNATS struct {
 	wg      sync.WaitGroup
 }
 
-func newServeNATS(cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
+// newServeNATS connects to NATS and sets up the role's streams and
+// buckets, within 30 s or until ctx is done.
+func newServeNATS(ctx context.Context, cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
 	c := cfg.NATS
 	if c.URL == "" {
 		return nil, nil
@@ -114,7 +118,8 @@ func newServeNATS(cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
 		n.nc.Close()
 		return nil, fmt.Errorf("--nats %s: %w", c.URL, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	log.Info("kvsource serve: setting up on NATS", "nats", c.URL, "role", c.Role, "stream", c.Stream)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	shared := natsstream.Config{Stream: c.Stream, Replicas: c.Replicas}
 	if c.Role == serveRoleRelay {
@@ -138,10 +143,34 @@ func newServeNATS(cfg serveConfig, log *slog.Logger) (*serveNATS, error) {
 			TTL: natsstream.DefaultLeaseTTL + 2*natsstream.DefaultSourcesInterval})
 	}
 	if err != nil {
+		if !n.nc.IsConnected() {
+			err = fmt.Errorf("--nats %s: not connected (%s): %w", c.URL, serveNATSDialError(c.URL), err)
+		}
 		n.nc.Close()
 		return nil, err
 	}
 	return n, nil
+}
+
+// serveNATSDialError says why the first server of a NATS URL list takes no
+// connection: the client, which retries in the background, reports only
+// that no server was available.
+func serveNATSDialError(urls string) string {
+	first, _, _ := strings.Cut(urls, ",")
+	u, err := url.Parse(strings.TrimSpace(first))
+	if err != nil {
+		return err.Error()
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "4222")
+	}
+	conn, err := net.DialTimeout("tcp", host, time.Second)
+	if err != nil {
+		return err.Error()
+	}
+	conn.Close()
+	return "the server takes TCP connections but no NATS session came up"
 }
 
 // pickerSources is the picker's Config.Sources on a replica: the relay's

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -124,4 +126,18 @@ func TestServeRejectsNATSFlagsThatCannotWork(t *testing.T) {
 		_, err := parseServeFlags(args, io.Discard)
 		require.Error(t, err, "%q", args)
 	}
+}
+
+func TestServeStartUpOnAnUnreachableNATSStopsWithItsContextAndSaysWhy(t *testing.T) {
+	url := fmt.Sprintf("nats://127.0.0.1:%d", testenv.FreePort(t)) // nothing listens
+	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--nats", url, "--role", "replica"}, io.Discard)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = newServeService(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 10*time.Second, "start-up waited out its own 30 s instead of the context")
+	require.ErrorContains(t, err, "not connected")
+	require.ErrorContains(t, err, "connection refused")
 }

@@ -34,7 +34,7 @@ func startServeLogged(t *testing.T, logs *syncLog, args ...string) string {
 	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0"}, args...), io.Discard)
 	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := newServeService(cfg, log)
+	s, err := newServeService(context.Background(), cfg, log)
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))
 	t.Cleanup(func() {

@@ -88,7 +88,7 @@ func runReplayLoss(t testing.TB) replayLossResult {
 	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--block-size", fmt.Sprint(replayLossBlockSize), "--replay-deadline", "50s",
 		"--events-connect", fmt.Sprintf("%s=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", pod.Pod, port, replay)}, io.Discard)
 	require.NoError(t, err)
-	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))
 	defer func() {

@@ -67,7 +67,7 @@ type serveInflightPull struct {
 	at time.Time
 }
 
-func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
+func newServeService(ctx context.Context, cfg serveConfig, log *slog.Logger) (*serveService, error) {
 	// With --keys content the index holds content keys and requests are
 	// hashed the same way; the engines' own keys need not be reproducible
 	// (--algo does not matter), so their agreement is not checked.
@@ -81,7 +81,7 @@ func newServeService(cfg serveConfig, log *slog.Logger) (*serveService, error) {
 		return nil, err
 	}
 	s := &serveService{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *serveInflightPull]()}
-	if s.nats, err = newServeNATS(cfg, log); err != nil {
+	if s.nats, err = newServeNATS(ctx, cfg, log); err != nil {
 		return nil, err
 	}
 	if s.nats != nil && s.nats.replica != nil {

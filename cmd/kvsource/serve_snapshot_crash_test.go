@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -75,7 +76,7 @@ func TestServeCorruptSnapshotFailsOrIsMovedAsideToStartEmpty(t *testing.T) {
 
 	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", path}, io.Discard)
 	require.NoError(t, err)
-	_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_, err = newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.ErrorIs(t, err, index.ErrBadSnapshot)
 	require.ErrorContains(t, err, "--snapshot-corrupt=move-aside starts empty instead")
 	got, err := os.ReadFile(path)
@@ -85,7 +86,7 @@ func TestServeCorruptSnapshotFailsOrIsMovedAsideToStartEmpty(t *testing.T) {
 	cfg, err = parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", path, "--snapshot-corrupt", "move-aside"}, io.Discard)
 	require.NoError(t, err)
 	var logs serveLockedBuffer
-	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	require.Contains(t, logs.String(), "level=ERROR msg=\"kvsource serve: SNAPSHOT CORRUPT, moved aside, starting with an EMPTY index\"")
 	require.NoFileExists(t, path)
@@ -117,14 +118,14 @@ func TestServeRefusesToStartWithASnapshotPathItCannotWrite(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "file"), nil, 0o600))
 		cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", path}, io.Discard)
 		require.NoError(t, err)
-		_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		_, err = newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		require.ErrorContains(t, err, "cannot write its directory", path)
 	}
 	// A writable directory keeps no trace of the check.
 	path := filepath.Join(dir, "index.snap")
 	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0", "--snapshot", path}, io.Discard)
 	require.NoError(t, err)
-	_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_, err = newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 	left, err := os.ReadDir(dir)
 	require.NoError(t, err)

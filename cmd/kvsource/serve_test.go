@@ -31,7 +31,7 @@ func startServe(t *testing.T, args ...string) (*serveService, string) {
 	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0"}, args...), io.Discard)
 	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := newServeService(cfg, log)
+	s, err := newServeService(context.Background(), cfg, log)
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))
 	t.Cleanup(func() {
@@ -178,7 +178,7 @@ func TestServeParsesKeysAndPodModels(t *testing.T) {
 	// a seed, which engine keys refuse, starts.
 	cfg, err = parseServeFlags([]string{"--keys", "content", "--algo", "xxhash", "--http", "127.0.0.1:0"}, io.Discard)
 	require.NoError(t, err)
-	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 	require.Equal(t, hashing.Content, s.hasher.Config().Algo)
 
@@ -365,7 +365,7 @@ func FuzzServeRequests(f *testing.F) {
 	}
 	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0"}, io.Discard)
 	require.NoError(f, err)
-	s, err := newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(f, err)
 	keys, err := s.hasher.BlockKeys(nil, hashing.Request{Tokens: make([]uint32, 64)})
 	require.NoError(f, err)
@@ -435,7 +435,7 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte(`{"recompute": [{"tokens": 1000, "ms": 110}], "pull": []}`), 0o600))
 	cfg, err := parseServeFlags([]string{"--calibration", bad}, io.Discard)
 	require.NoError(t, err)
-	_, err = newServeService(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_, err = newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.ErrorIs(t, err, picker.ErrSamples)
 }
 
