@@ -208,7 +208,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&cfg.InflightTTL, "inflight-ttl", picker.DefaultInflightTTL, "how long a pull counts against its source")
 	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved every --snapshot-interval and at shutdown")
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
-	fs.Int64Var(&cfg.HashCacheBytes, "hash-cache-bytes", hashing.DefaultCacheBytes, "memory bound of the cache of recent prompts' block keys, which spares a next turn rehashing the blocks an earlier one shares (0: off)")
+	cfg.HashCacheBytes = hashing.DefaultCacheBytes
+	fs.Var((*serveSize)(&cfg.HashCacheBytes), "hash-cache-bytes", "memory bound of the cache of recent prompts' block keys (e.g. 64MiB), which spares a next turn rehashing the blocks an earlier one shares (0: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.DurationVar(&cfg.ReplayDeadline, "replay-deadline", 10*time.Second, "how long one pod's gap replay from its engine may take in all, every round included, before the gap counts as lost")
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")
@@ -242,6 +243,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		// nothing.
 		return cfg, fmt.Errorf("--algo content: no engine hashes with content keys; use --keys content")
 	}
+	if cfg.BlockSize < 1 {
+		return cfg, fmt.Errorf("--block-size %d: must be at least 1 (the engines' block size)", cfg.BlockSize)
+	}
 	if cfg.MinCachedTokenDelta < 1 {
 		return cfg, fmt.Errorf("--min-cached-token-delta must be at least 1, got %d", cfg.MinCachedTokenDelta)
 	}
@@ -251,9 +255,6 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		}
 		r.Replay, r.Endpoint = r.Endpoint, ""
 		cfg.EventsReplay = append(cfg.EventsReplay, r)
-	}
-	if cfg.HashCacheBytes < 0 {
-		return cfg, fmt.Errorf("--hash-cache-bytes must not be negative, got %d", cfg.HashCacheBytes)
 	}
 	if cfg.InflightTTL <= 0 {
 		return cfg, fmt.Errorf("--inflight-ttl must be positive, got %v", cfg.InflightTTL)

@@ -74,7 +74,7 @@ func serveBodyLimit(maxTokens int) int64 {
 
 // flags registers the limits' flags on fs.
 func (l *serveLimits) flags(fs *flag.FlagSet) {
-	fs.IntVar(&l.MaxInflight, "max-inflight-requests", serveDefaultMaxInflight(), "requests to /v1/score, /v1/pick and /v1/pods served at once; beyond, 503 with Retry-After (default twice GOMAXPROCS)")
+	fs.IntVar(&l.MaxInflight, "max-inflight-requests", serveDefaultMaxInflight(), "requests to /v1/score, /v1/pick and /v1/pods served at once; beyond, 503 with Retry-After; twice GOMAXPROCS unless set")
 	fs.DurationVar(&l.RequestTimeout, "request-timeout", serveDefaultRequestTimeout, "deadline of one request, body, hashing and lookup included; past it, 503; less than --http-write-timeout")
 	fs.IntVar(&l.MaxTokens, "max-tokens", serveDefaultMaxTokens, "most tokens per prompt; more is answered 413, and bodies are bounded to 12 bytes a token plus 1 MiB")
 }

@@ -80,7 +80,14 @@ func TestServeHashCacheIsOnByDefaultCountsHitsAndTurnsOffWithZero(t *testing.T) 
 	require.NotContains(t, string(metrics), "kvsource_hash_cache")
 
 	_, err := parseServeFlags([]string{"--hash-cache-bytes", "-1"}, io.Discard)
-	require.ErrorContains(t, err, "--hash-cache-bytes")
+	require.ErrorContains(t, err, "flag -hash-cache-bytes")
+	// Sizes take units, as --index-memory's do.
+	cfg, err := parseServeFlags([]string{"--hash-cache-bytes", "16MiB"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, int64(16<<20), cfg.HashCacheBytes)
+	cfg, err = parseServeFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, int64(hashing.DefaultCacheBytes), cfg.HashCacheBytes)
 }
 
 // serveMetric returns the value of the unlabelled metric name in a

@@ -192,6 +192,7 @@ func TestServeParsesKeysAndPodModels(t *testing.T) {
 		{[]string{"--events-connect", "a=tcp://h:1,model=x,model=y"}, "given twice"},
 		{[]string{"--events-connect", "a=tcp://h:1,lora=x"}, "[,model=MODEL]"},
 		{[]string{"--events-replay", "a=tcp://h:1,model=x"}, "want POD=tcp://HOST:PORT"},
+		{[]string{"--block-size", "0"}, "--block-size 0: must be at least 1"},
 	} {
 		_, err := parseServeFlags(tc.args, io.Discard)
 		require.ErrorContains(t, err, tc.want, "%q", tc.args)
