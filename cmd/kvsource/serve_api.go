@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
@@ -121,7 +123,7 @@ func serveDecodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return serveBadRequest{fmt.Errorf("decoding request: %w", err)}
+		return serveBadRequest{fmt.Errorf("decoding request: %w", serveTypeError(err))}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		var mb *http.MaxBytesError
@@ -131,6 +133,54 @@ func serveDecodeJSON(r *http.Request, v any) error {
 		return serveBadRequest{errors.New("decoding request: trailing data after the JSON object")}
 	}
 	return nil
+}
+
+// serveTypeError words encoding/json's error for a member of the wrong type
+// in the request's terms: `"model": want a string, got a number` rather
+// than the Go struct and field it was decoded into.
+func serveTypeError(err error) error {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Field == "" {
+		return err
+	}
+	var path []string
+	for name := range strings.SplitSeq(te.Field, ".") {
+		if !strings.HasPrefix(name, "serve") { // an embedded struct's Go name
+			path = append(path, name)
+		}
+	}
+	return fmt.Errorf("%q: want %s, got %s", strings.Join(path, "."), serveJSONKind(te.Type), serveArticle(te.Value))
+}
+
+func serveJSONKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Pointer:
+		return serveJSONKind(t.Elem())
+	}
+	return "an object"
+}
+
+// serveArticle is encoding/json's name of a JSON value's kind ("number",
+// "string", "object", "array", "bool", or a number's text) with an article.
+func serveArticle(v string) string {
+	switch v {
+	case "object", "array":
+		return "an " + v
+	case "string", "number", "bool":
+		return "a " + v
+	}
+	return v
 }
 
 // serveWriteJSON answers v as JSON. The length is set, so that flushing

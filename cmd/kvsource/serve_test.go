@@ -244,6 +244,11 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		{"negative destination rank", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","destination_dp_rank":-2}`, "must not be negative"},
 		{"bad multimodal item", "POST", "/v1/score", `{"model":"m","tokens":[1,2,3],"mm_items":[{"id":"img","offset":-4,"length":2}]}`, "hashing"},
 		{"done without request id", "POST", "/v1/done", `{}`, `"request_id" is required`},
+		{"model not a string", "POST", "/v1/score", `{"model":5,"tokens":[1]}`, `"model": want a string, got a number`},
+		{"candidates not an array", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":{"pod":"x"}}`, `"candidates": want an array, got an object`},
+		{"candidate pod not a string", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":5}]}`, `"candidates.pod": want a string, got a number`},
+		{"multimodal offset not an integer", "POST", "/v1/score", `{"model":"m","tokens":[1],"mm_items":[{"id":"a","offset":"x","length":1}]}`, `"mm_items.offset": want an integer, got a string`},
+		{"request id not a string", "POST", "/v1/done", `{"request_id":5}`, `"request_id": want a string, got a number`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -255,7 +260,7 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		})
 	}
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
-	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 8`)
+	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 10`)
 	code, body := serveCall(t, "GET", base+"/healthz", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"status":"ok"}`, string(body))
