@@ -290,7 +290,8 @@ func (s *serveService) saveSnapshot(final bool) error {
 			continue
 		}
 		stale[st.Holder()] = true
-		s.log.Log(ctx, level, "kvsource serve: stale holder left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model, "last_seq", st.LastSeq)
+		s.log.Log(ctx, level, "kvsource serve: holder not live left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model,
+			"state", st.State, "last_seq", st.LastSeq)
 	}
 	for _, hm := range serveUnseen(list, status) {
 		h := hm.Holder
