@@ -116,7 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	hseed := fs.String("hash-seed", "", "engines' PYTHONHASHSEED (default vLLM's \"vllm-none-hash\")")
 	fs.IntVar(&o.hashing.BlockSize, "block-size", hashing.DefaultBlockSize, "tokens per KV block")
 	fs.StringVar(&o.transport, "transport", o.transport, "pull transport: p2p (vLLM's P2P protocol over ZMQ on loopback, in-process data plane) or fake (transfer/fake, in memory)")
-	fs.IntVar(&o.minDelta, "min-delta", o.minDelta, "picker threshold: smallest pull worth it, in tokens")
+	fs.IntVar(&o.minDelta, "min-cached-token-delta", o.minDelta, "picker threshold: smallest pull worth it, in tokens")
 	fs.IntVar(&o.blockBytes, "block-bytes", o.blockBytes, "bytes of stand-in content per block that pulls move and verify")
 	fs.BoolVar(&o.hashCheck, "hash-check", o.hashCheck, "subscriber rehashes events that start at block 0 and checks agreement")
 	scen := fs.String("scenarios", strings.Join(o.scenarios, ","), "scenarios to run: "+strings.Join(scenarioNames(), ", "))

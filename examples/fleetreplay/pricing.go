@@ -227,7 +227,7 @@ func (o *options) price(ctx context.Context, m pricingModel) ([]pricingRow, stri
 	if err := f.sdk.ev.stats().trusted(); err != nil {
 		return nil, "", err
 	}
-	ours := fmt.Sprintf("%s: crossover %.0f tokens, recommended --min-delta %d tokens; pull floor %.0f ms fitted; %d pulls over transfer/p2p, %d verified; cold probe %.0f ms vs warmed %.0f ms at %d tokens",
+	ours := fmt.Sprintf("%s: crossover %.0f tokens, recommended --min-cached-token-delta %d tokens; pull floor %.0f ms fitted; %d pulls over transfer/p2p, %d verified; cold probe %.0f ms vs warmed %.0f ms at %d tokens",
 		m.name, cal.Crossover, cal.Threshold, cal.Pull.Floor, s.pulls, s.verified, cold[0].Millis+first, rows[1].Millis, m.lengths[0])
 	return rows, ours, nil
 }
