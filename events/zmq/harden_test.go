@@ -146,3 +146,48 @@ func TestBindModeDisconnectsAHostsPodsWhenOneOfItsConnectionsCloses(t *testing.T
 	require.True(t, source)
 	require.Equal(t, events.StateDisconnected, statusOf(s, hd).State)
 }
+
+func TestBindModeKeepsAnEngineThatWentAwayDownThoughItsLastMessagesComeAfter(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t)
+	sink := eventstest.NewRecSink()
+	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink}, Bind: []string{localEP(port)}})
+	alive := newPublisher(t, PublisherConfig{Connect: fromEP("127.0.0.2", port), Topic: "kv@127.0.0.2:9000@m"})
+	warmUp(t, alive, s, 0)
+	// Engines that publish a burst and go away at once: their last
+	// messages are still queued when the close is seen.
+	for i := range 10 {
+		pod := fmt.Sprintf("127.0.0.2:%d", 9001+i)
+		dead := newPublisher(t, PublisherConfig{Connect: fromEP("127.0.0.2", port), Topic: "kv@" + pod + "@m"})
+		warmUp(t, dead, s, 0)
+		for j := range 50 {
+			publish(t, dead, stored(0, nil, uint64(j+1)))
+		}
+		require.NoError(t, dead.Close())
+		h := index.Holder{Pod: pod}
+		require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond, pod)
+		require.NoError(t, s.Sync(t.Context()))
+		require.Equal(t, events.StateDisconnected, statusOf(s, h).State, pod)
+		_, source := s.Source(h)
+		require.False(t, source, pod)
+	}
+}
+
+func TestBindModeKeepsThePerSenderBoundWhileASendersConnectionsComeAndGo(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t)
+	sink := eventstest.NewRecSink()
+	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink}, Bind: []string{localEP(port)}, MaxPodsPerSender: 3})
+	anchor := newPublisher(t, PublisherConfig{Connect: fromEP("127.0.0.2", port), Topic: "kv@127.0.0.2:9000@m"})
+	warmUp(t, anchor, s, 0)
+	for i := range 10 {
+		p := newPublisher(t, PublisherConfig{Connect: fromEP("127.0.0.2", port), Topic: fmt.Sprintf("kv@127.0.0.2:%d@m", 9100+i)})
+		require.NoError(t, p.WaitSubscribed(t.Context()))
+		publish(t, p, stored(0, nil, 1))
+		require.NoError(t, p.Close())
+		require.NoError(t, s.Sync(t.Context()))
+	}
+	require.Eventually(t, func() bool { return s.Stats().SenderMismatch >= 8 }, waitLong, 5*time.Millisecond)
+	require.NoError(t, s.Sync(t.Context()))
+	require.Len(t, s.Status(), 3)
+}

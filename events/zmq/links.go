@@ -52,23 +52,28 @@ func closeMonitored(sock, mon *zmq4.Socket) {
 // came from each address. libzmq says which address a message came from
 // ("Peer-Address"), not which of the address's connections, so when one of
 // several connections from an address closes (one of a host's engines
-// died) it cannot tell whose: every pod of that address is disconnected
-// until its next message shows it alive. When an address's last connection
-// closes its pods are disconnected and come back with its next connection.
-// Connect mode, which dials each engine itself, follows every engine
-// exactly.
+// died, or an engine restarted and its new connection came first) it
+// cannot tell whose: every pod of that address is down until its next
+// message shows it alive. The receiver reads the bind socket dry before it
+// applies a close, so that a dead engine's last messages do not come after
+// and bring it back. When an address's last connection closes its pods are
+// down until its next connection. Connect mode, which dials each engine
+// itself, follows every engine exactly.
 type links struct {
 	fds     map[int]netip.Addr      // accepted connection -> peer
 	conns   map[netip.Addr]int      // peer -> connections
 	pods    map[netip.Addr][]string // peer -> pods its messages named
 	podAddr map[string]netip.Addr
+	// down holds the pods a close left down while their address kept a
+	// connection: each is up again with its next message.
+	down    map[string]bool
 	max     int // pods tracked
 	perPeer int // pods one peer may name
 }
 
 func newLinks(maxPods, perPeer int) *links {
 	return &links{fds: map[int]netip.Addr{}, conns: map[netip.Addr]int{}, pods: map[netip.Addr][]string{},
-		podAddr: map[string]netip.Addr{}, max: maxPods, perPeer: perPeer}
+		podAddr: map[string]netip.Addr{}, down: map[string]bool{}, max: maxPods, perPeer: perPeer}
 }
 
 // accepted records a new connection; report is called for each pod whose
@@ -97,18 +102,23 @@ func (l *links) closed(fd int, report func(pod string, up bool)) {
 		return
 	}
 	delete(l.fds, fd)
-	pods := l.pods[addr]
-	if l.conns[addr]--; l.conns[addr] > 0 {
-		// Forgotten, so that heard reports each back up.
-		for _, pod := range pods {
-			delete(l.podAddr, pod)
-		}
-		delete(l.pods, addr)
-	} else {
+	last := l.conns[addr] == 1
+	if last {
 		delete(l.conns, addr)
+	} else {
+		l.conns[addr]--
 	}
-	for _, pod := range pods {
-		report(pod, false)
+	for _, pod := range l.pods[addr] {
+		wasDown := l.down[pod]
+		if last {
+			// Up again with the address's next connection.
+			delete(l.down, pod)
+		} else {
+			l.down[pod] = true
+		}
+		if !wasDown {
+			report(pod, false)
+		}
 	}
 }
 
@@ -116,6 +126,10 @@ func (l *links) closed(fd int, report func(pod string, up bool)) {
 // addr names more pods than the per-peer bound already.
 func (l *links) heard(pod string, addr netip.Addr, report func(pod string, up bool)) (ok bool) {
 	if old, known := l.podAddr[pod]; known && old == addr {
+		if l.down[pod] {
+			delete(l.down, pod)
+			report(pod, true)
+		}
 		return true
 	} else if known {
 		l.forget(pod, old)
@@ -140,6 +154,7 @@ func (l *links) tracksPeers() bool { return len(l.fds) > 0 }
 
 func (l *links) forget(pod string, addr netip.Addr) {
 	delete(l.podAddr, pod)
+	delete(l.down, pod)
 	ps := l.pods[addr]
 	for i, p := range ps {
 		if p == pod {

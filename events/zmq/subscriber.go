@@ -413,7 +413,7 @@ func (r *receiver) loop(ctx context.Context) {
 		// connection unknown yet.
 		for _, p := range polled {
 			if p.Socket == r.bindMon || r.byMon[p.Socket] != nil {
-				r.monitorEvents(p.Socket)
+				r.monitorEvents(ctx, p.Socket)
 			}
 		}
 		for _, p := range polled {
@@ -473,11 +473,13 @@ func (r *receiver) reconcile() {
 
 // drain receives what sock has ready, up to a bound so one busy socket
 // cannot starve the others.
-func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
+// drain handles the messages waiting on sock, up to 256, and reports
+// whether it read them all.
+func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 	var c *conn
 	if sock != r.bind {
 		if c = r.bySock[sock]; c == nil {
-			return
+			return true
 		}
 	}
 	for range 256 {
@@ -490,7 +492,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
 			frames, err = sock.RecvMessageBytes(zmq4.DONTWAIT)
 		}
 		if err != nil {
-			return
+			return true // none waiting (EAGAIN), or none to read now
 		}
 		if len(frames) != 3 || len(frames[1]) != 8 {
 			r.s.proc.BadMessage(podOfConn(c), "bad framing", "frames", len(frames))
@@ -540,6 +542,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) {
 		}
 		r.s.proc.Handle(ctx, m)
 	}
+	return false
 }
 
 // podOfConn names the pod of a connect-mode message, "" for bind mode.
@@ -589,7 +592,7 @@ func (r *receiver) allowed(addr netip.Addr) bool {
 // monitorEvents reads the connection events mon has ready: the bind
 // socket's accepted and closed connections, or a connect-mode endpoint's
 // connects and disconnects.
-func (r *receiver) monitorEvents(mon *zmq4.Socket) {
+func (r *receiver) monitorEvents(ctx context.Context, mon *zmq4.Socket) {
 	for range 256 {
 		ev, _, fd, err := mon.RecvEvent(zmq4.DONTWAIT)
 		if err != nil {
@@ -600,6 +603,15 @@ func (r *receiver) monitorEvents(mon *zmq4.Socket) {
 			case zmq4.EVENT_ACCEPTED:
 				r.links.accepted(fd, r.s.proc.PodConnected)
 			case zmq4.EVENT_DISCONNECTED:
+				// The closed connection's last messages are still
+				// queued: handled after the close, they would bring a
+				// dead engine back as live (see links). Bounded: live
+				// engines keep the socket busy.
+				for range closeDrainRounds {
+					if r.drain(ctx, r.bind) {
+						break
+					}
+				}
 				r.links.closed(fd, r.s.proc.PodConnected)
 			}
 			continue
@@ -609,6 +621,12 @@ func (r *receiver) monitorEvents(mon *zmq4.Socket) {
 		}
 	}
 }
+
+// closeDrainRounds bounds the reads before a close is applied, to 64
+// drains of 256 messages: live engines could keep the socket busy for
+// good, and a dead connection's queue is longer only when the receiver is
+// that far behind.
+const closeDrainRounds = 64
 
 // connUp records a connect-mode endpoint's state: its pod is connected
 // while any of its endpoints is.
