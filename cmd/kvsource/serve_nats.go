@@ -118,7 +118,7 @@ func newServeNATS(ctx context.Context, cfg serveConfig, log *slog.Logger) (*serv
 		n.nc.Close()
 		return nil, fmt.Errorf("--nats %s: %w", c.URL, err)
 	}
-	log.Info("kvsource serve: setting up on NATS", "nats", c.URL, "role", c.Role, "stream", c.Stream)
+	log.Info("kvsource serve: setting up on NATS", "nats", serveRedactNATS(c.URL), "role", c.Role, "stream", c.Stream)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	shared := natsstream.Config{Stream: c.Stream, Replicas: c.Replicas}
@@ -144,7 +144,11 @@ func newServeNATS(ctx context.Context, cfg serveConfig, log *slog.Logger) (*serv
 	}
 	if err != nil {
 		if !n.nc.IsConnected() {
-			err = fmt.Errorf("--nats %s: not connected (%s): %w", c.URL, serveNATSDialError(c.URL), err)
+			why := "no answer"
+			if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				why = serveNATSDialError(context.WithoutCancel(ctx), c.URL)
+			}
+			err = fmt.Errorf("--nats %s: not connected (%s): %w", serveRedactNATS(c.URL), why, err)
 		}
 		n.nc.Close()
 		return nil, err
@@ -152,20 +156,48 @@ func newServeNATS(ctx context.Context, cfg serveConfig, log *slog.Logger) (*serv
 	return n, nil
 }
 
+// serveNATSURL parses one server of a --nats list as the client does: a
+// URL without a scheme is nats://.
+func serveNATSURL(s string) (*url.URL, error) {
+	s = strings.TrimSpace(s)
+	if !strings.Contains(s, "://") {
+		s = "nats://" + s
+	}
+	return url.Parse(s)
+}
+
+// serveRedactNATS is a --nats list with the passwords of its URLs hidden,
+// for logs and errors.
+func serveRedactNATS(urls string) string {
+	var out []string
+	for s := range strings.SplitSeq(urls, ",") {
+		if u, err := serveNATSURL(s); err == nil {
+			s = u.Redacted()
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ",")
+}
+
 // serveNATSDialError says why the first server of a NATS URL list takes no
 // connection: the client, which retries in the background, reports only
-// that no server was available.
-func serveNATSDialError(urls string) string {
+// that no server was available. The dial takes a second at most.
+func serveNATSDialError(ctx context.Context, urls string) string {
 	first, _, _ := strings.Cut(urls, ",")
-	u, err := url.Parse(strings.TrimSpace(first))
+	u, err := serveNATSURL(first)
 	if err != nil {
 		return err.Error()
 	}
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "4222")
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"ws": "80", "wss": "443"}[u.Scheme]
 	}
-	conn, err := net.DialTimeout("tcp", host, time.Second)
+	if port == "" {
+		port = "4222" // nats://, tls://
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", net.JoinHostPort(u.Hostname(), port))
 	if err != nil {
 		return err.Error()
 	}

@@ -141,3 +141,11 @@ func TestServeStartUpOnAnUnreachableNATSStopsWithItsContextAndSaysWhy(t *testing
 	require.ErrorContains(t, err, "not connected")
 	require.ErrorContains(t, err, "connection refused")
 }
+
+func TestServeNATSURLsAreRedactedAndProbedAsTheClientReadsThem(t *testing.T) {
+	require.Equal(t, "nats://u:xxxxx@10.0.0.1:4222,nats://10.0.0.2:4222", serveRedactNATS("nats://u:secret@10.0.0.1:4222, 10.0.0.2:4222"))
+	port := testenv.FreePort(t) // nothing listens
+	for _, u := range []string{fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("nats://127.0.0.1:%d,nats://10.0.0.9:4222", port)} {
+		require.Contains(t, serveNATSDialError(t.Context(), u), fmt.Sprintf("dial tcp 127.0.0.1:%d: connect: connection refused", port), u)
+	}
+}
