@@ -123,7 +123,7 @@ func serveDecodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return serveBadRequest{fmt.Errorf("decoding request: %w", serveTypeError(err))}
+		return serveBadRequest{fmt.Errorf("decoding request: %w", serveTypeError(err, v))}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		var mb *http.MaxBytesError
@@ -138,18 +138,45 @@ func serveDecodeJSON(r *http.Request, v any) error {
 // serveTypeError words encoding/json's error for a member of the wrong type
 // in the request's terms: `"model": want a string, got a number` rather
 // than the Go struct and field it was decoded into.
-func serveTypeError(err error) error {
+// v is what the body was decoded into.
+func serveTypeError(err error, v any) error {
 	var te *json.UnmarshalTypeError
-	if !errors.As(err, &te) || te.Field == "" {
+	if !errors.As(err, &te) {
 		return err
 	}
+	if te.Field == "" {
+		return fmt.Errorf("request body: want %s, got %s", serveJSONKind(te.Type), serveArticle(te.Value))
+	}
+	// The path holds the Go names of embedded structs between the JSON
+	// names.
+	embedded := map[string]bool{}
+	serveEmbeddedNames(reflect.TypeOf(v), embedded, map[reflect.Type]bool{})
 	var path []string
 	for name := range strings.SplitSeq(te.Field, ".") {
-		if !strings.HasPrefix(name, "serve") { // an embedded struct's Go name
+		if !embedded[name] {
 			path = append(path, name)
 		}
 	}
 	return fmt.Errorf("%q: want %s, got %s", strings.Join(path, "."), serveJSONKind(te.Type), serveArticle(te.Value))
+}
+
+// serveEmbeddedNames adds the Go names of the embedded structs in t, at any
+// depth, to names.
+func serveEmbeddedNames(t reflect.Type, names map[string]bool, seen map[reflect.Type]bool) {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || seen[t] {
+		return
+	}
+	seen[t] = true
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous {
+			names[f.Name] = true
+		}
+		serveEmbeddedNames(f.Type, names, seen)
+	}
 }
 
 func serveJSONKind(t reflect.Type) string {
@@ -179,6 +206,9 @@ func serveArticle(v string) string {
 		return "an " + v
 	case "string", "number", "bool":
 		return "a " + v
+	}
+	if n, ok := strings.CutPrefix(v, "number "); ok {
+		return "a number (" + n + ")"
 	}
 	return v
 }

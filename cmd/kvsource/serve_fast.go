@@ -94,7 +94,7 @@ func serveDecodePrompt(r *http.Request, b *serveBuf, v any, p *servePromptJSON) 
 	}
 	toks, err := tokjson.Unmarshal(b.body, v, b.tokens)
 	if err != nil {
-		return serveBadRequest{fmt.Errorf("decoding request: %w", serveTypeError(err))}
+		return serveBadRequest{fmt.Errorf("decoding request: %w", serveTypeError(err, v))}
 	}
 	if cap(toks) > cap(b.tokens) {
 		b.tokens = toks[:0]

@@ -249,6 +249,8 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		{"candidate pod not a string", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","candidates":[{"pod":5}]}`, `"candidates.pod": want a string, got a number`},
 		{"multimodal offset not an integer", "POST", "/v1/score", `{"model":"m","tokens":[1],"mm_items":[{"id":"a","offset":"x","length":1}]}`, `"mm_items.offset": want an integer, got a string`},
 		{"request id not a string", "POST", "/v1/done", `{"request_id":5}`, `"request_id": want a string, got a number`},
+		{"rank not an integer", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","destination_dp_rank":1.5}`, `"destination_dp_rank": want an integer, got a number (1.5)`},
+		{"done body not an object", "POST", "/v1/done", `[]`, `request body: want an object, got an array`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -260,7 +262,7 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		})
 	}
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)
-	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 10`)
+	require.Contains(t, string(metrics), `kvsource_http_requests_total{code="400",path="/v1/pick"} 11`)
 	code, body := serveCall(t, "GET", base+"/healthz", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"status":"ok"}`, string(body))
