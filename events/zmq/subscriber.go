@@ -163,7 +163,7 @@ func checkEndpoint(ep string, connect bool) error {
 	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
 		addr := rest[strings.LastIndexByte(rest, ';')+1:]
 		host, port, err := net.SplitHostPort(addr)
-		if err != nil || host == "" {
+		if err != nil || host == "" || connect && host == "*" {
 			return fmt.Errorf("%w: %q: want tcp://HOST:PORT", ErrBadEndpoint, ep)
 		}
 		n, err := strconv.ParseUint(port, 10, 16)

@@ -141,7 +141,7 @@ func TestNewSubscriberRejectsBadConfig(t *testing.T) {
 	s, err := NewSubscriber(SubscriberConfig{Events: events.Config{Sink: eventstest.NewRecSink()}})
 	require.NoError(t, err)
 	for _, ep := range []string{"localhost:1", "tcp://127.0.0.1", "tcp://127.0.0.1:", "tcp://:5557", "tcp://127.0.0.1:0",
-		"tcp://127.0.0.1:*", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:http", "ipc://"} {
+		"tcp://127.0.0.1:*", "tcp://*:5557", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:http", "ipc://"} {
 		require.ErrorIs(t, s.AddPod("p", ep, ""), ErrBadEndpoint, ep)
 		require.ErrorIs(t, s.AddPod("p", "tcp://127.0.0.1:1", ep), ErrBadEndpoint, "replay %s", ep)
 	}
