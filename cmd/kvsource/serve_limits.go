@@ -117,14 +117,19 @@ const (
 // client sending bad requests cannot flood the log; the next line says
 // how many were left out.
 type serveLogLimit struct {
-	last    atomic.Int64 // unix nanoseconds of the last line
+	last    atomic.Int64 // nanoseconds since serveEpoch of the last line
 	skipped atomic.Int64
 }
+
+// serveEpoch is the base of serveLogLimit's times: the monotonic clock,
+// which a step of the wall clock does not move.
+var serveEpoch = time.Now()
 
 // allow reports whether a line may be logged now and how many were left
 // out since the last one.
 func (l *serveLogLimit) allow() (int64, bool) {
-	now := time.Now().UnixNano()
+	// One second on, so that the first line passes.
+	now := int64(time.Since(serveEpoch) + time.Second)
 	last := l.last.Load()
 	if now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
 		l.skipped.Add(1)

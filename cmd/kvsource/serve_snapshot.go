@@ -126,12 +126,17 @@ func (s *serveService) loadSnapshot(cfg index.Config) (*index.Index, map[index.H
 // save will need: better at start-up than at the first save, a minute on,
 // or at shutdown.
 func serveCheckWritable(path string) error {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".probe-*")
+	// Named as a save's temporary file, so that one a crash left here is
+	// removed at the next start-up.
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-probe-*")
 	if err != nil {
 		return fmt.Errorf("--snapshot %s: cannot write its directory (create it, or give a writable path): %w", path, err)
 	}
 	f.Close()
-	return os.Remove(f.Name())
+	if err := os.Remove(f.Name()); err != nil {
+		return fmt.Errorf("--snapshot %s: %w", path, err)
+	}
+	return nil
 }
 
 // serveRemoveStaleTemps removes the temporary files of path's saves (see
