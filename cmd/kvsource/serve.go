@@ -26,7 +26,7 @@ import (
 //	POST /v1/score  {"model", "tokens", "lora_name"?, "cache_salt"?, "mm_items"?, "pods"?}
 //	                -> {"model", "blocks", "pods": [{"pod", "dp_rank", "matched_blocks", "tiers": {"GPU", "CPU"}, "score"}]}, best first
 //	POST /v1/pick   {"model", "tokens", "lora_name"?, "cache_salt"?, "mm_items"?, "request_id"?, "destination",
-//	                 "destination_dp_rank"?, "candidates"?: [{"pod", "dp_rank"?, "waiting", "load"?}], "min_cached_token_delta"?}
+//	                 "destination_dp_rank"?, "candidates"?: [{"pod", "dp_rank"?, "waiting"?, "load"?}], "min_cached_token_delta"?}
 //	                -> {"destination", "source" (or null), "reason", "destination_cached_blocks", "source_blocks",
 //	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params",
 //	                    "predicted_saving_ms" (with --calibration), "skipped_sources", "skipped_state"?, ...}
@@ -209,7 +209,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.StringVar(&cfg.Snapshot, "snapshot", "", "index snapshot file: loaded at start-up when it exists, saved every --snapshot-interval and at shutdown")
 	fs.StringVar(&cfg.Calibration, "calibration", "", `measured recompute and pull times, JSON {"recompute": [{"tokens", "ms"}], "pull": [...], "margin"?}: pulls must also be predicted to save time`)
 	cfg.HashCacheBytes = hashing.DefaultCacheBytes
-	fs.Var((*serveSize)(&cfg.HashCacheBytes), "hash-cache-bytes", "memory bound of the cache of recent prompts' block keys (e.g. 64MiB), which spares a next turn rehashing the blocks an earlier one shares (0: off)")
+	fs.Var((*serveSize)(&cfg.HashCacheBytes), "hash-cache-bytes", "memory bound of the cache of recent prompts' block keys (a size such as 256MiB), which spares a next turn rehashing the blocks an earlier one shares (0: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	fs.DurationVar(&cfg.ReplayDeadline, "replay-deadline", 10*time.Second, "how long one pod's gap replay from its engine may take in all, every round included, before the gap counts as lost")
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", 30*time.Second, "how long reading a request, body included, may take")

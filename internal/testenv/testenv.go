@@ -118,7 +118,7 @@ var (
 func claimPort(n int) (int, bool) {
 	portMu.Lock()
 	defer portMu.Unlock()
-	p := portLow + rand.IntN(portHigh-portLow-n)
+	p := portLow + rand.IntN(portHigh-portLow-n+1)
 	for i := range n {
 		if portClaimed[p+i] {
 			return 0, false
