@@ -280,17 +280,7 @@ func TestServeClassifiesAClientThatHungUpApartFromFailures(t *testing.T) {
 
 func TestServeCountsBadRequestsAndLogsAFewOfThem(t *testing.T) {
 	var logs syncLog
-	cfg, err := parseServeFlags([]string{"--http", "127.0.0.1:0"}, io.Discard)
-	require.NoError(t, err)
-	s, err := newServeService(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	require.NoError(t, err)
-	require.NoError(t, s.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		require.NoError(t, s.Shutdown(ctx))
-	})
-	base := "http://" + s.Addr()
+	s, base := startServeWith(t, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 
 	// The series are there before the first refusal, for alerts.
 	_, metrics := serveCall(t, "GET", base+"/metrics", nil)

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -31,18 +29,8 @@ import (
 // and up) also written to logs.
 func startServeLogged(t *testing.T, logs *syncLog, args ...string) string {
 	t.Helper()
-	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0"}, args...), io.Discard)
-	require.NoError(t, err)
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := newServeService(context.Background(), cfg, log)
-	require.NoError(t, err)
-	require.NoError(t, s.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		require.NoError(t, s.Shutdown(ctx))
-	})
-	return "http://" + s.Addr()
+	_, base := startServeWith(t, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})), args...)
+	return base
 }
 
 // syncLog collects log output written from several goroutines.

@@ -28,9 +28,14 @@ import (
 // and returns it with its base URL.
 func startServe(t *testing.T, args ...string) (*serveService, string) {
 	t.Helper()
+	return startServeWith(t, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})), args...)
+}
+
+// startServeWith is startServe logging to log.
+func startServeWith(t *testing.T, log *slog.Logger, args ...string) (*serveService, string) {
+	t.Helper()
 	cfg, err := parseServeFlags(append([]string{"--http", "127.0.0.1:0"}, args...), io.Discard)
 	require.NoError(t, err)
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s, err := newServeService(context.Background(), cfg, log)
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))
@@ -40,6 +45,21 @@ func startServe(t *testing.T, args ...string) (*serveService, string) {
 		require.NoError(t, s.Shutdown(ctx))
 	})
 	return s, "http://" + s.Addr()
+}
+
+// serveStoredPrompt has 127.0.0.1:8002 store a 4-block prompt (of zero
+// tokens) on its CPU tier through s's bind socket, and returns the prompt
+// and that holder, for picks that pull from it.
+func serveStoredPrompt(t *testing.T, s *serveService) ([]uint32, index.Holder) {
+	t.Helper()
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 4*16)
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	src := index.Holder{Pod: "127.0.0.1:8002"}
+	newServeFeeder(t, s).store(src.Pod, "m", "CPU", keys)
+	return tokens, src
 }
 
 type testWriter struct{ t *testing.T }
@@ -305,13 +325,7 @@ func TestServeAnswersOtherMethodsAndPathsWithJSONErrorsFromTheMux(t *testing.T) 
 
 func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 	s, base := startServe(t, "--inflight-ttl", "1s", "--events-bind", "tcp://127.0.0.1:0")
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 4*16)
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
-	src := index.Holder{Pod: "127.0.0.1:8002"}
-	newServeFeeder(t, s).store(src.Pod, "m", "CPU", keys)
+	tokens, src := serveStoredPrompt(t, s)
 
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
@@ -325,13 +339,7 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 
 func TestServeDoneReleasesAPickWithoutRequestIDByItsKVRequestID(t *testing.T) {
 	s, base := startServe(t, "--events-bind", "tcp://127.0.0.1:0")
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 4*16)
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
-	src := index.Holder{Pod: "127.0.0.1:8002"}
-	newServeFeeder(t, s).store(src.Pod, "m", "CPU", keys)
+	tokens, src := serveStoredPrompt(t, s)
 
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
@@ -449,12 +457,7 @@ func TestServeDecidesByPredictedSavingWithACalibration(t *testing.T) {
 
 func TestServeRunsWithAnInflightTTLBelowTheSweepTick(t *testing.T) {
 	s, base := startServe(t, "--inflight-ttl", "1ns", "--events-bind", "tcp://127.0.0.1:0")
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 4*16)
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
-	newServeFeeder(t, s).store("127.0.0.1:8002", "m", "CPU", keys)
+	tokens, _ := serveStoredPrompt(t, s)
 	code, body := serveCall(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Contains(t, string(body), `"reason":"pull"`)
@@ -463,12 +466,7 @@ func TestServeRunsWithAnInflightTTLBelowTheSweepTick(t *testing.T) {
 
 func TestServeGivesEveryPullItsOwnKVRequestID(t *testing.T) {
 	s, base := startServe(t, "--events-bind", "tcp://127.0.0.1:0")
-	h, err := hashing.New(hashing.Config{})
-	require.NoError(t, err)
-	tokens := make([]uint32, 4*16)
-	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
-	require.NoError(t, err)
-	newServeFeeder(t, s).store("127.0.0.1:8002", "m", "CPU", keys)
+	tokens, _ := serveStoredPrompt(t, s)
 	pick := func(req map[string]any) string {
 		t.Helper()
 		code, body := serveCall(t, "POST", base+"/v1/pick", req)
