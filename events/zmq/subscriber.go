@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -97,6 +98,8 @@ type conn struct {
 	sock     *zmq4.Socket
 	mon      *zmq4.Socket // its monitor's events
 	up       bool         // connected, as the monitor last said
+	// connected is up for Endpoints, which other goroutines call.
+	connected atomic.Bool
 }
 
 // source is where a message came from: its pod, and how to reach the
@@ -231,6 +234,29 @@ func (s *Subscriber) AddPodConfig(p PodConfig) error {
 	}
 	s.dirty.Store(true)
 	return nil
+}
+
+// EndpointStatus is a connect-mode endpoint and whether its connection is
+// up.
+type EndpointStatus struct {
+	Pod, Endpoint string
+	Connected     bool
+}
+
+// Endpoints lists the connect-mode endpoints added with AddPod, by pod and
+// endpoint, whether or not their engines ever published: an engine that
+// cannot be reached shows here, while Status knows only holders heard from.
+func (s *Subscriber) Endpoints() []EndpointStatus {
+	s.mu.Lock()
+	out := make([]EndpointStatus, 0, len(s.conns))
+	for ep, c := range s.conns {
+		out = append(out, EndpointStatus{Pod: c.src.pod, Endpoint: ep, Connected: c.connected.Load()})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b EndpointStatus) int {
+		return cmp.Or(strings.Compare(a.Pod, b.Pod), strings.Compare(a.Endpoint, b.Endpoint))
+	})
+	return out
 }
 
 // RemovePod disconnects every endpoint added for pod and forgets its replay
@@ -635,6 +661,7 @@ func (r *receiver) connUp(c *conn, up bool) {
 		return
 	}
 	c.up = up
+	c.connected.Store(up)
 	pod := c.src.pod
 	if up {
 		r.podUp[pod]++

@@ -225,6 +225,21 @@ func TestConnectModeAddsAndRemovesPodsAtRunTime(t *testing.T) {
 	require.Greater(t, s.Stats().Messages, before)
 }
 
+func TestEndpointsListConnectModePodsWhetherOrNotTheirEnginesAreUp(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t)
+	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: eventstest.NewRecSink()}})
+	require.NoError(t, s.AddPod("pod-a", localEP(port), ""))
+	// No engine there yet: listed, not connected, and no holder.
+	require.Equal(t, []EndpointStatus{{Pod: "pod-a", Endpoint: localEP(port)}}, s.Endpoints())
+	require.Empty(t, s.Status())
+
+	p := newPublisher(t, PublisherConfig{Bind: anyEP(port), Topic: "kv@pod-a@m"})
+	require.Eventually(t, func() bool { return s.Endpoints()[0].Connected }, waitLong, 5*time.Millisecond)
+	require.NoError(t, p.Close())
+	require.Eventually(t, func() bool { return !s.Endpoints()[0].Connected }, waitLong, 5*time.Millisecond)
+}
+
 func TestGapIsRecoveredByReplayInBothFormats(t *testing.T) {
 	for _, format := range []ReplayFormat{ReplayV26, ReplayV25} {
 		t.Run(fmt.Sprint(format), func(t *testing.T) {
