@@ -34,7 +34,7 @@ import (
 //	                pick's request_id, or the kv_request_id its answer made up when it had none
 //	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "state", "inflight_pulls",
 //	                 and each per-holder counter of events.Counters: "gaps", "replays", "decode_errors",
-//	                 "hash_mismatches", ...}]}
+//	                 "hash_mismatches", ...}], "endpoints": [{"pod", "endpoint", "connected"}] (--events-connect)}
 //	GET  /metrics   Prometheus; GET /healthz
 //
 // A prompt's "tokens" may come as "tokens_b64" instead: base64 (standard,

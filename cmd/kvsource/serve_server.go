@@ -734,8 +734,21 @@ func (s *serveService) handlePods(w http.ResponseWriter, r *http.Request) error 
 	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
 		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})
 	})
-	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods})
+	// The --events-connect endpoints, so that an engine that cannot be
+	// reached shows, though it has no holder yet.
+	endpoints := []serveEndpointJSON{}
+	for _, e := range s.sub.Endpoints() {
+		endpoints = append(endpoints, serveEndpointJSON{Pod: e.Pod, Endpoint: e.Endpoint, Connected: e.Connected})
+	}
+	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods, "endpoints": endpoints})
 	return nil
+}
+
+// serveEndpointJSON is a connect-mode endpoint in /v1/pods.
+type serveEndpointJSON struct {
+	Pod       string `json:"pod"`
+	Endpoint  string `json:"endpoint"`
+	Connected bool   `json:"connected"`
 }
 
 func (s *serveService) holderBlocks(model string, h index.Holder) map[string]int {

@@ -21,6 +21,7 @@ import (
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/testenv"
 	"github.com/kvsource/kvsource/picker"
 )
 
@@ -45,6 +46,21 @@ func startServeWith(t *testing.T, log *slog.Logger, args ...string) (*serveServi
 		require.NoError(t, s.Shutdown(ctx))
 	})
 	return s, "http://" + s.Addr()
+}
+
+func TestServePodsListsAnEventsConnectEngineNeverReached(t *testing.T) {
+	port := testenv.FreePort(t) // nothing listens
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	_, base := startServe(t, "--events-connect", "10.0.0.7:8000="+ep)
+	var resp struct {
+		Pods      []servePodJSON
+		Endpoints []serveEndpointJSON
+	}
+	code, body := serveCall(t, "GET", base+"/v1/pods", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.NoError(t, json.Unmarshal(body, &resp))
+	require.Empty(t, resp.Pods)
+	require.Equal(t, []serveEndpointJSON{{Pod: "10.0.0.7:8000", Endpoint: ep}}, resp.Endpoints)
 }
 
 // serveStoredPrompt has 127.0.0.1:8002 store a 4-block prompt (of zero
