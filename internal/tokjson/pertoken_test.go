@@ -98,6 +98,9 @@ func scanTokensPerToken(data []byte, i int, dst, prev []uint32) ([]uint32, int, 
 				return out, i + 1, nil
 			}
 			if data[i] != ',' {
+				if c := data[i]; c == '.' || c == 'e' || c == 'E' {
+					return nil, i, syntaxErr(i, "tokens must be integers from 0 to 4294967295, without a fraction or exponent")
+				}
 				return nil, i, syntaxErr(i, "expected ',' or ']' in tokens")
 			}
 			i++

@@ -201,6 +201,17 @@ func b64(tokens []uint32) string {
 	return base64.StdEncoding.EncodeToString(raw)
 }
 
+func TestUnmarshalSaysATokenWithAFractionOrExponentIsNoInteger(t *testing.T) {
+	type req struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	for _, body := range []string{`{"tokens":[1.5]}`, `{"tokens":[7,1e3]}`, `{"tokens":[2E1]}`} {
+		_, err := Unmarshal([]byte(body), &req{}, nil)
+		require.ErrorIs(t, err, ErrSyntax, body)
+		require.ErrorContains(t, err, "tokens must be integers from 0 to 4294967295, without a fraction or exponent", body)
+	}
+}
+
 func TestTokensB64DecodesLittleEndianUint32s(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, n := range []int{0, 1, 2, 3, 191, 192, 193, 255, 256, 257, 1000, 20000} {
