@@ -137,10 +137,9 @@ func newServeNATS(ctx context.Context, cfg serveConfig, log *slog.Logger) (*serv
 		}
 	}
 	if err == nil {
-		// The table outlasts a relay failover: the standby takes the
-		// lease within its TTL and writes within an interval.
+		// The table outlasts a relay failover (see DefaultSourcesTTL).
 		n.sources, err = natsstream.NewSources(ctx, natsstream.SourcesConfig{Config: shared, JetStream: js, Logger: log,
-			TTL: natsstream.DefaultLeaseTTL + 2*natsstream.DefaultSourcesInterval})
+			TTL: natsstream.DefaultSourcesTTL})
 	}
 	if err != nil {
 		if !n.nc.IsConnected() {

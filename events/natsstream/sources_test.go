@@ -118,3 +118,30 @@ func FuzzParseSourcesTable(f *testing.F) {
 		require.Equal(t, tbl, again)
 	})
 }
+
+func TestSourcesTableIsWrittenAtOnceWhenTheLeaseIsTaken(t *testing.T) {
+	env := startNATS(t)
+	// An interval far longer than the test waits: only the write on
+	// taking the lease can come in time.
+	const interval = time.Minute
+	_, js := env.connect(t)
+	relaySide, err := NewSources(context.Background(), SourcesConfig{JetStream: js, Interval: interval})
+	require.NoError(t, err)
+	var leader atomic.Bool
+	var asked atomic.Int64
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- relaySide.Publish(ctx, (&fakeStatus{}).get, func() bool { asked.Add(1); return leader.Load() })
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	require.Eventually(t, func() bool { return asked.Load() >= 1 }, 5*time.Second, time.Millisecond)
+	leader.Store(true)
+	require.Eventually(t, func() bool { return relaySide.Stats().Written == 1 }, 5*time.Second, 5*time.Millisecond)
+	// Losing the lease and taking it again writes again at once.
+	leader.Store(false)
+	seen := asked.Load()
+	require.Eventually(t, func() bool { return asked.Load() > seen }, 5*time.Second, time.Millisecond)
+	leader.Store(true)
+	require.Eventually(t, func() bool { return relaySide.Stats().Written == 2 }, 5*time.Second, 5*time.Millisecond)
+}
