@@ -268,6 +268,10 @@ func (n *serveNATS) healthy() error {
 func (s *serveService) handleReplicaPods(w http.ResponseWriter, _ *http.Request) {
 	st := s.nats.replica.Status()
 	lagging := s.nats.healthy() != nil
+	applied := map[index.Holder]events.HolderStatus{}
+	for _, hs := range s.nats.replica.Holders() {
+		applied[hs.Holder()] = hs
+	}
 	pods := []servePodJSON{}
 	for _, hm := range s.idx.HolderList() {
 		// The relay's state of the holder; a replica lagging the stream
@@ -276,9 +280,10 @@ func (s *serveService) handleReplicaPods(w http.ResponseWriter, _ *http.Request)
 		if lagging && state == events.StateLive {
 			state = events.StateStale
 		}
+		hs := applied[hm.Holder]
 		pods = append(pods, servePodJSON{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
-			Blocks: s.holderBlocks(hm.Model, hm.Holder), State: state,
-			InflightPulls: s.pk.Inflight(hm.Holder) + s.nats.fleet.Inflight(hm.Holder)})
+			Blocks: s.holderBlocks(hm.Model, hm.Holder), LastSeq: hs.LastSeq, State: state,
+			InflightPulls: s.pk.Inflight(hm.Holder) + s.nats.fleet.Inflight(hm.Holder), Counters: serveHolderCounters(&hs)})
 	}
 	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
 		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})

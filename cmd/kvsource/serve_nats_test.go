@@ -16,6 +16,7 @@ import (
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
 
@@ -80,6 +81,14 @@ func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
 	require.True(t, pods.Replica.Ready)
 	require.NotZero(t, pods.Replica.AppliedSeq)
 	require.Len(t, pods.Pods, 1)
+	// Its sequence numbers and counters are those it applied from the
+	// stream, the relay's own.
+	h0 := index.Holder{Pod: "10.0.0.1:8000"}
+	require.Eventually(t, func() bool {
+		want := servePods(t, relayURL)[h0].LastSeq
+		return want != 0 && servePods(t, replicaURL)[h0].LastSeq == want
+	}, 10*time.Second, 10*time.Millisecond, "the replica's last_seq is not the relay's")
+	require.Contains(t, servePods(t, replicaURL)[h0].Counters, "gaps")
 	code, body = serveCall(t, "GET", replicaURL+"/metrics", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, string(body), "kvsource_replica_lag_seconds")

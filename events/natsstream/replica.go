@@ -559,6 +559,13 @@ func (r *Replica) handle(m jetstream.Msg) {
 }
 
 // Status returns the replica's progress.
+// Holders is the status of each holder as the replica applied its
+// batches from the stream: last sequence numbers, gaps, replays and the
+// other per-holder counters of events.HolderStatus. Its State is the
+// replica's own view; which holders may serve pulls is the relay's (see
+// Sources).
+func (r *Replica) Holders() []events.HolderStatus { return r.proc.Status() }
+
 func (r *Replica) Status() ReplicaStatus {
 	// Not under mu: a handed message may wait there for room in the
 	// processor's queue.
