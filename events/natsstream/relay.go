@@ -129,10 +129,14 @@ func NewRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 
 // Run holds or waits for the relay lease until ctx is done, publishing
 // what a previous holder left out each time it takes the lease. Tap
-// publishes only while Run runs.
+// publishes only while Run runs. It returns once the lease is released, so
+// that a caller closing the connection after it does not lose the release
+// and leave the standby to wait out the lease's TTL.
 func (r *Relay) Run(ctx context.Context) error {
 	r.ctx.Store(&ctx)
-	go r.lease.run(ctx)
+	leased := make(chan struct{})
+	go func() { defer close(leased); r.lease.run(ctx) }()
+	defer func() { <-leased }()
 	tick := time.NewTicker(r.cfg.LeaseTTL / 8)
 	defer tick.Stop()
 	done := uint64(0)

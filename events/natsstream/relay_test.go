@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
@@ -59,4 +60,26 @@ func TestRelayPublishesARestartedEnginesBatchesAfterForgettingItsSubject(t *test
 	tap(0, 100) // the restarted engine's first batches: other bytes
 	tap(1, 101)
 	require.Equal(t, uint64(7), r.Stats().Published)
+}
+
+func TestRelayRunReturnsOnlyOnceItReleasedTheLease(t *testing.T) {
+	env := startNATS(t)
+	nc, js := env.connect(t)
+	relay, err := NewRelay(context.Background(), RelayConfig{JetStream: js, Name: "r", LeaseTTL: 2 * time.Second, Retain: 10 * time.Second})
+	require.NoError(t, err)
+	for range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(ctx) }()
+		waitLeader(t, relay)
+		cancel()
+		require.NoError(t, <-done)
+		// Closing the connection right away, as kvsource serve does,
+		// must not lose the release: the key is gone already.
+		kv, err := js.KeyValue(context.Background(), DefaultStream+"_RELAY")
+		require.NoError(t, err)
+		_, err = kv.Get(context.Background(), "relay")
+		require.ErrorIs(t, err, jetstream.ErrKeyNotFound)
+	}
+	nc.Close()
 }
