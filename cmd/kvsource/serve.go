@@ -225,12 +225,14 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		fmt.Fprintln(stderr, "                      [--events-replay POD=tcp://HOST:PORT]...")
 		fmt.Fprintln(stderr, "                      [--http 127.0.0.1:8080] [--keys engine|content] [--algo A] [--seed S] [--block-size N]")
 		fmt.Fprintln(stderr, "                      [--min-cached-token-delta N] [--snapshot FILE] [--calibration FILE]")
+		fmt.Fprintln(stderr, "                      [--nats nats://HOST:4222 --role relay|replica]")
 		fmt.Fprintln(stderr, "endpoints: POST /v1/score, POST /v1/pick, POST /v1/done, GET /v1/pods, GET /metrics, GET /healthz")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
+	fs.Visit(func(f *flag.Flag) { cfg.NATS.set = append(cfg.NATS.set, f.Name) })
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}

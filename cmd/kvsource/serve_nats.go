@@ -48,7 +48,12 @@ type serveNATSConfig struct {
 	SnapshotInterval time.Duration
 	MaxLag           time.Duration
 	Replicas         int
+	// set names the flags given on the command line.
+	set []string
 }
+
+// serveReplicaFlags are the flags only a replica acts on.
+var serveReplicaFlags = []string{"nats-models", "nats-snapshot-interval", "nats-max-lag"}
 
 const (
 	serveRoleRelay   = "relay"
@@ -78,10 +83,18 @@ func (c *serveNATSConfig) check(cfg *serveConfig) error {
 		return errors.New("a replica reads the stream: --events-bind, --events-connect and --events-replay are the relay's")
 	case c.Role == serveRoleReplica && cfg.Snapshot != "":
 		return errors.New("a replica shares snapshots through JetStream: --snapshot is for standalone and relay")
+	case c.Role == serveRoleRelay && slices.ContainsFunc(c.set, func(f string) bool { return slices.Contains(serveReplicaFlags, f) }):
+		return fmt.Errorf("--%s are a replica's flags; a relay has no use for them", strings.Join(serveReplicaFlags, ", --"))
 	case c.Replicas < 1:
 		return fmt.Errorf("--nats-replicas must be at least 1, got %d", c.Replicas)
 	case c.MaxLag <= 0:
 		return fmt.Errorf("--nats-max-lag must be positive, got %v", c.MaxLag)
+	}
+	for s := range strings.SplitSeq(c.URL, ",") {
+		u, err := serveNATSURL(s)
+		if err != nil || u.Hostname() == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
+			return fmt.Errorf("--nats %q: want nats://HOST:PORT (or tls://, ws://, wss://), comma-separated", serveRedactNATS(s))
+		}
 	}
 	return nil
 }
@@ -170,10 +183,10 @@ func serveNATSURL(s string) (*url.URL, error) {
 func serveRedactNATS(urls string) string {
 	var out []string
 	for s := range strings.SplitSeq(urls, ",") {
-		if u, err := serveNATSURL(s); err == nil {
+		if u, err := serveNATSURL(s); err == nil && u.User != nil {
 			s = u.Redacted()
 		}
-		out = append(out, s)
+		out = append(out, strings.TrimSpace(s))
 	}
 	return strings.Join(out, ",")
 }

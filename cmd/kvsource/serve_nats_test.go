@@ -152,9 +152,36 @@ func TestServeStartUpOnAnUnreachableNATSStopsWithItsContextAndSaysWhy(t *testing
 }
 
 func TestServeNATSURLsAreRedactedAndProbedAsTheClientReadsThem(t *testing.T) {
-	require.Equal(t, "nats://u:xxxxx@10.0.0.1:4222,nats://10.0.0.2:4222", serveRedactNATS("nats://u:secret@10.0.0.1:4222, 10.0.0.2:4222"))
+	require.Equal(t, "nats://u:xxxxx@10.0.0.1:4222,10.0.0.2:4222", serveRedactNATS("nats://u:secret@10.0.0.1:4222, 10.0.0.2:4222"))
 	port := testenv.FreePort(t) // nothing listens
 	for _, u := range []string{fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("nats://127.0.0.1:%d,nats://10.0.0.9:4222", port)} {
 		require.Contains(t, serveNATSDialError(t.Context(), u), fmt.Sprintf("dial tcp 127.0.0.1:%d: connect: connection refused", port), u)
+	}
+}
+
+func TestServeNATSFlagsAreCheckedForTheRole(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--role", "relay"}, "--role needs --nats"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--role", "leader"}, "--role must be relay or replica"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--role", "replica", "--events-bind", "tcp://*:5557"}, "a replica reads the stream"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--role", "replica", "--snapshot", "x"}, "--snapshot is for standalone and relay"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--role", "relay", "--nats-models", "m"}, "a replica's flags"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--role", "relay", "--nats-max-lag", "1s"}, "a replica's flags"},
+		{[]string{"--nats", "http://127.0.0.1:4222", "--role", "relay"}, "want nats://HOST:PORT"},
+		{[]string{"--nats", "nats://u:secret@127.0.0.1:4222,nats://", "--role", "relay"}, `--nats "nats://"`},
+	} {
+		_, err := parseServeFlags(tc.args, io.Discard)
+		require.ErrorContains(t, err, tc.want, "%q", tc.args)
+		require.NotContains(t, err.Error(), "secret")
+	}
+	for _, args := range [][]string{
+		{"--nats", "nats://127.0.0.1:4222", "--role", "relay", "--nats-replicas", "3"},
+		{"--nats", "127.0.0.1:4222,tls://nats-1.svc:4222", "--role", "replica", "--nats-models", "m", "--nats-max-lag", "5s"},
+	} {
+		_, err := parseServeFlags(args, io.Discard)
+		require.NoError(t, err, "%q", args)
 	}
 }

@@ -109,7 +109,11 @@ func newServeService(ctx context.Context, cfg serveConfig, log *slog.Logger) (*s
 			return nil, fmt.Errorf("--events-replay %s: %w", pe.Pod, err)
 		}
 	}
-	if len(cfg.EventsBind) == 0 && len(cfg.EventsConnect) == 0 && cfg.NATS.Role != serveRoleReplica {
+	switch {
+	case len(cfg.EventsBind) > 0 || len(cfg.EventsConnect) > 0 || cfg.NATS.Role == serveRoleReplica:
+	case cfg.NATS.Role == serveRoleRelay:
+		log.Warn("kvsource serve: a relay without --events-bind or --events-connect hears no engine and puts nothing on the stream")
+	default:
 		log.Warn("kvsource serve: no --events-bind or --events-connect: the index changes only by snapshot")
 	}
 	if cfg.HashCacheBytes > 0 {
