@@ -268,12 +268,18 @@ func (n *serveNATS) stop() {
 	n.nc.Close()
 }
 
-// healthy is nil unless this is a replica that cannot answer for the fleet.
+// healthy is nil unless this is a replica that cannot answer for the
+// fleet, or a relay that cannot publish.
 func (n *serveNATS) healthy() error {
-	if n == nil || n.replica == nil {
+	switch {
+	case n == nil:
 		return nil
+	case n.replica != nil:
+		return n.replica.Healthy()
+	case !n.nc.IsConnected():
+		return errors.New("relay disconnected from NATS: the engines' batches are kept, not published")
 	}
-	return n.replica.Healthy()
+	return nil
 }
 
 // handleReplicaPods is a replica's /v1/pods: the holders its index has,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,4 +185,21 @@ func TestServeNATSFlagsAreCheckedForTheRole(t *testing.T) {
 		_, err := parseServeFlags(args, io.Discard)
 		require.NoError(t, err, "%q", args)
 	}
+}
+
+func TestServeRelayIsUnhealthyWhileDisconnectedFromNATS(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	_, base := startServe(t, "--nats", srv.ClientURL(), "--role", "relay")
+	code, body := serveCall(t, "GET", base+"/healthz", nil)
+	require.Equal(t, http.StatusOK, code, "%s", body)
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	require.Eventually(t, func() bool {
+		code, body := serveCall(t, "GET", base+"/healthz", nil)
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "relay disconnected from NATS")
+	}, 10*time.Second, 20*time.Millisecond)
 }

@@ -213,7 +213,8 @@ func (s *serveService) finalSnapshot() error {
 }
 
 // handleHealth answers /healthz: 503 while a NATS replica is not ready,
-// disconnected or lagging past --nats-max-lag; else ok, or degraded with
+// disconnected or lagging past --nats-max-lag, or a relay is disconnected
+// from NATS; else ok, or degraded with
 // the details when start-up moved a corrupt snapshot aside.
 func (s *serveService) handleHealth(w http.ResponseWriter, _ *http.Request) error {
 	if err := s.nats.healthy(); err != nil {

@@ -29,9 +29,10 @@ type RelayConfig struct {
 	// Name identifies the relay in the lease and the logs; default the
 	// host name and process id.
 	Name string
-	// LeaseTTL is the relay lease's TTL: a standby takes over at most this
-	// long after the active relay died (at once when it stopped cleanly).
-	// Default DefaultLeaseTTL.
+	// LeaseTTL is the relay lease's TTL: a standby takes over about 1.25
+	// times this long after the active relay died (it tries every quarter
+	// TTL), and within a quarter TTL when it stopped cleanly. Default
+	// DefaultLeaseTTL.
 	LeaseTTL time.Duration
 	// Retain is how long each relay keeps the batches it tapped, and
 	// RetainN how many per subject at most, so that a standby taking over
