@@ -558,7 +558,6 @@ func (r *Replica) handle(m jetstream.Msg) {
 	r.notify.Broadcast()
 }
 
-// Status returns the replica's progress.
 // Holders is the status of each holder as the replica applied its
 // batches from the stream: last sequence numbers, gaps, replays and the
 // other per-holder counters of events.HolderStatus. Its State is the
@@ -566,6 +565,7 @@ func (r *Replica) handle(m jetstream.Msg) {
 // Sources).
 func (r *Replica) Holders() []events.HolderStatus { return r.proc.Status() }
 
+// Status returns the replica's progress.
 func (r *Replica) Status() ReplicaStatus {
 	// Not under mu: a handed message may wait there for room in the
 	// processor's queue.

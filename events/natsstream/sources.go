@@ -101,14 +101,17 @@ func NewSources(ctx context.Context, cfg SourcesConfig) (*Sources, error) {
 // A relay runs it with its subscriber's Status and its own Leader.
 func (s *Sources) Publish(ctx context.Context, status func() []events.HolderStatus, leader func() bool) error {
 	// Leadership is checked every quarter Interval, at most 250 ms apart.
-	tick := time.NewTicker(max(min(s.cfg.Interval/4, 250*time.Millisecond), time.Millisecond))
+	period := max(min(s.cfg.Interval/4, 250*time.Millisecond), time.Millisecond)
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	var buf []byte
 	var last time.Time // of the last write, zero while not leading
 	for {
 		if !leader() {
 			last = time.Time{}
-		} else if last.IsZero() || time.Since(last) >= s.cfg.Interval {
+		} else if last.IsZero() || time.Since(last) >= s.cfg.Interval-period/2 {
+			// (Half a tick early: the tick an Interval on may come a
+			// moment before a full Interval has passed.)
 			last = time.Now()
 			buf = appendSourcesTable(buf[:0], status())
 			pctx, cancel := context.WithTimeout(ctx, s.cfg.Interval)
