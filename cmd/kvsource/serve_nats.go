@@ -91,6 +91,9 @@ func (c *serveNATSConfig) check(cfg *serveConfig) error {
 		return fmt.Errorf("--nats-max-lag must be positive, got %v", c.MaxLag)
 	}
 	for s := range strings.SplitSeq(c.URL, ",") {
+		if strings.TrimSpace(s) == "" {
+			continue // the client skips empty entries too
+		}
 		u, err := serveNATSURL(s)
 		if err != nil || u.Hostname() == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
 			return fmt.Errorf("--nats %q: want nats://HOST:PORT (or tls://, ws://, wss://), comma-separated", serveRedactNATS(s))
@@ -124,12 +127,12 @@ func newServeNATS(ctx context.Context, cfg serveConfig, log *slog.Logger) (*serv
 	var err error
 	n.nc, err = nats.Connect(c.URL, nats.Name("kvsource "+c.Role), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
 	if err != nil {
-		return nil, fmt.Errorf("--nats %s: %w", c.URL, err)
+		return nil, fmt.Errorf("--nats %s: %w", serveRedactNATS(c.URL), err)
 	}
 	js, err := jetstream.New(n.nc)
 	if err != nil {
 		n.nc.Close()
-		return nil, fmt.Errorf("--nats %s: %w", c.URL, err)
+		return nil, fmt.Errorf("--nats %s: %w", serveRedactNATS(c.URL), err)
 	}
 	log.Info("kvsource serve: setting up on NATS", "nats", serveRedactNATS(c.URL), "role", c.Role, "stream", c.Stream)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -183,10 +186,26 @@ func serveNATSURL(s string) (*url.URL, error) {
 func serveRedactNATS(urls string) string {
 	var out []string
 	for s := range strings.SplitSeq(urls, ",") {
-		if u, err := serveNATSURL(s); err == nil && u.User != nil {
+		s = strings.TrimSpace(s)
+		u, err := serveNATSURL(s)
+		switch {
+		case err != nil:
+			// Unparsed: hide whatever stands before the host.
+			start := 0
+			if i := strings.Index(s, "://"); i >= 0 {
+				start = i + 3
+			}
+			if j := strings.LastIndexByte(s, '@'); j >= start {
+				s = s[:start] + "xxxxx" + s[j:]
+			}
+		case u.User != nil:
+			// A user without a password is a token to nats.go.
+			if _, ok := u.User.Password(); !ok {
+				u.User = url.User("xxxxx")
+			}
 			s = u.Redacted()
 		}
-		out = append(out, strings.TrimSpace(s))
+		out = append(out, s)
 	}
 	return strings.Join(out, ",")
 }
@@ -260,12 +279,21 @@ func (n *serveNATS) start(ctx context.Context, status func() []events.HolderStat
 }
 
 // stop waits for what start ran (its ctx done) and closes the connection.
-func (n *serveNATS) stop() {
+// stop waits for the relay's or replica's goroutines (a relay's releases
+// its lease) until ctx is done, then closes the connection.
+func (n *serveNATS) stop(ctx context.Context) error {
 	if n == nil {
-		return
+		return nil
 	}
-	n.wg.Wait()
-	n.nc.Close()
+	defer n.nc.Close()
+	done := make(chan struct{})
+	go func() { n.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("nats: %s did not stop: %w", n.cfg.Role, ctx.Err())
+	}
 }
 
 // healthy is nil unless this is a replica that cannot answer for the
@@ -307,7 +335,8 @@ func (s *serveService) handleReplicaPods(w http.ResponseWriter, _ *http.Request)
 	slices.SortStableFunc(pods, func(a, b servePodJSON) int {
 		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})
 	})
-	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods, "replica": st})
+	// endpoints: a replica dials no engine, but answers in the same shape.
+	serveWriteJSON(w, http.StatusOK, map[string]any{"pods": pods, "endpoints": []serveEndpointJSON{}, "replica": st})
 }
 
 // registerMetrics adds the relay's or replica's gauges and counters.

@@ -154,6 +154,9 @@ func TestServeStartUpOnAnUnreachableNATSStopsWithItsContextAndSaysWhy(t *testing
 
 func TestServeNATSURLsAreRedactedAndProbedAsTheClientReadsThem(t *testing.T) {
 	require.Equal(t, "nats://u:xxxxx@10.0.0.1:4222,10.0.0.2:4222", serveRedactNATS("nats://u:secret@10.0.0.1:4222, 10.0.0.2:4222"))
+	require.Equal(t, "nats://xxxxx@h:4222", serveRedactNATS("nats://s3cr3t-token@h:4222"))
+	require.Equal(t, "nats://xxxxx@h:4222", serveRedactNATS("nats://u:p%zz@h:4222"))
+	require.Equal(t, "xxxxx@h:4222", serveRedactNATS("u:p%zz@h:4222"))
 	port := testenv.FreePort(t) // nothing listens
 	for _, u := range []string{fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("nats://127.0.0.1:%d,nats://10.0.0.9:4222", port)} {
 		require.Contains(t, serveNATSDialError(t.Context(), u), fmt.Sprintf("dial tcp 127.0.0.1:%d: connect: connection refused", port), u)
@@ -181,6 +184,7 @@ func TestServeNATSFlagsAreCheckedForTheRole(t *testing.T) {
 	for _, args := range [][]string{
 		{"--nats", "nats://127.0.0.1:4222", "--role", "relay", "--nats-replicas", "3"},
 		{"--nats", "127.0.0.1:4222,tls://nats-1.svc:4222", "--role", "replica", "--nats-models", "m", "--nats-max-lag", "5s"},
+		{"--nats", "nats://[::1]:4222, ws://h:8080,", "--role", "relay"},
 	} {
 		_, err := parseServeFlags(args, io.Discard)
 		require.NoError(t, err, "%q", args)

@@ -241,7 +241,7 @@ func (s *serveService) Shutdown(ctx context.Context) error {
 			s.log.Error("kvsource serve: the event subscriber did not stop in time, shutting down without it")
 			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop: %w", ctx.Err()))
 		}
-		s.nats.stop()
+		err = errors.Join(err, s.nats.stop(ctx))
 		if s.cfg.Snapshot != "" {
 			err = errors.Join(err, s.finalSnapshot())
 		}
