@@ -97,9 +97,9 @@ type conn struct {
 	endpoint string
 	sock     *zmq4.Socket
 	mon      *zmq4.Socket // its monitor's events
-	up       bool         // connected, as the monitor last said
-	// connected is up for Endpoints, which other goroutines call.
-	connected atomic.Bool
+	// up is whether it is connected, as the monitor last said: written by
+	// the receiver, read by Endpoints too.
+	up atomic.Bool
 }
 
 // source is where a message came from: its pod, and how to reach the
@@ -250,7 +250,7 @@ func (s *Subscriber) Endpoints() []EndpointStatus {
 	s.mu.Lock()
 	out := make([]EndpointStatus, 0, len(s.conns))
 	for ep, c := range s.conns {
-		out = append(out, EndpointStatus{Pod: c.src.pod, Endpoint: ep, Connected: c.connected.Load()})
+		out = append(out, EndpointStatus{Pod: c.src.pod, Endpoint: ep, Connected: c.up.Load()})
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b EndpointStatus) int {
@@ -657,11 +657,10 @@ const closeDrainRounds = 64
 // connUp records a connect-mode endpoint's state: its pod is connected
 // while any of its endpoints is.
 func (r *receiver) connUp(c *conn, up bool) {
-	if c.up == up {
+	if c.up.Load() == up {
 		return
 	}
-	c.up = up
-	c.connected.Store(up)
+	c.up.Store(up)
 	pod := c.src.pod
 	if up {
 		r.podUp[pod]++
