@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // DefaultMaxHolderBlocks is the total budget when neither
@@ -90,7 +92,7 @@ type Index struct {
 	evictedCapacity, evictedBudget atomic.Uint64
 	rejectedTier                   atomic.Uint64
 
-	lastLog [logKinds]atomic.Int64
+	logs [logKinds]ratelog.Gate
 }
 
 // modelState holds one model's holders. The list is copied on change so a
@@ -133,12 +135,9 @@ const (
 
 // logf logs at debug level, at most once a second per kind.
 func (ix *Index) logf(kind int, msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := ix.lastLog[kind].Load()
-	if now-last < int64(time.Second) || !ix.lastLog[kind].CompareAndSwap(last, now) {
-		return
+	if _, ok := ix.logs[kind].Allow(time.Second); ok {
+		ix.log.Debug(msg, args...)
 	}
-	ix.log.Debug(msg, args...)
 }
 
 func (ix *Index) model(name string, create bool) *modelState {

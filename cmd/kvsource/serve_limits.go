@@ -10,10 +10,11 @@ import (
 	"os"
 	"runtime"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // Bounded work per request. A request the service admits holds one of
@@ -100,7 +101,7 @@ type serveLimiter struct {
 	slots    chan struct{}
 	rejected *prometheus.CounterVec
 	aborted  *prometheus.CounterVec
-	logs     [serveLogKinds]serveLogLimit
+	logs     [serveLogKinds]ratelog.Gate // one line a second per kind
 }
 
 // The kinds of answerError's log lines, each limited on its own.
@@ -112,31 +113,6 @@ const (
 	serveLogFailed
 	serveLogKinds
 )
-
-// serveLogLimit lets one line of a kind through a second, so that a
-// client sending bad requests cannot flood the log; the next line says
-// how many were left out.
-type serveLogLimit struct {
-	last    atomic.Int64 // nanoseconds since serveEpoch of the last line
-	skipped atomic.Int64
-}
-
-// serveEpoch is the base of serveLogLimit's times: the monotonic clock,
-// which a step of the wall clock does not move.
-var serveEpoch = time.Now()
-
-// allow reports whether a line may be logged now and how many were left
-// out since the last one.
-func (l *serveLogLimit) allow() (int64, bool) {
-	// One second on, so that the first line passes.
-	now := int64(time.Since(serveEpoch) + time.Second)
-	last := l.last.Load()
-	if now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
-		l.skipped.Add(1)
-		return 0, false
-	}
-	return l.skipped.Swap(0), true
-}
 
 // Rejection reasons, the reason label of kvsource_http_rejected_total.
 const (
@@ -288,7 +264,7 @@ func (s *serveService) answerError(w http.ResponseWriter, r *http.Request, path 
 	case code == http.StatusNotFound:
 		kind, level, line = serveLogNotFound, slog.LevelInfo, "kvsource serve: not found"
 	}
-	if skipped, ok := s.lim.logs[kind].allow(); ok {
+	if skipped, ok := s.lim.logs[kind].Allow(time.Second); ok {
 		args := []any{"path", path, "remote", r.RemoteAddr, "err", err}
 		if skipped > 0 {
 			args = append(args, "not_logged_before", skipped)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // DefaultSourcesInterval is SourcesConfig.Interval's default.
@@ -64,7 +65,7 @@ type Sources struct {
 	table atomic.Pointer[map[index.Holder]string]
 
 	written, writeErrors, updates, malformed atomic.Uint64
-	warned                                   atomic.Int64 // unix nanoseconds of the last warning
+	warned                                   ratelog.Gate
 }
 
 // sourcesKey is the table's key: one table, the leading relay's.
@@ -218,8 +219,7 @@ func (s *Sources) Source(h index.Holder) (state string, ok bool) {
 // warn logs at most once a minute: a table is written, and a watch
 // retried, every Interval.
 func (s *Sources) warn(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	if last := s.warned.Load(); now-last >= int64(time.Minute) && s.warned.CompareAndSwap(last, now) {
+	if _, ok := s.warned.Allow(time.Minute); ok {
 		s.log.Warn(msg, args...)
 	}
 }
