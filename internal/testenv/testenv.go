@@ -75,24 +75,25 @@ func Python(t testing.TB) string {
 // rank-0 port plus r.
 func FreePortPair(t testing.TB) (int, int) {
 	t.Helper()
-	for range 100 {
-		if p, ok := claimPort(2); ok {
-			return p, p + 1
-		}
-	}
-	t.Fatal("testenv: no two consecutive free ports")
-	return 0, 0
+	p := freePorts(t, 2)
+	return p, p + 1
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	return freePorts(t, 1)
+}
+
+// freePorts returns the first of n consecutive free ports (see claimPort).
+func freePorts(t testing.TB, n int) int {
+	t.Helper()
 	for range 100 {
-		if p, ok := claimPort(1); ok {
+		if p, ok := claimPort(n); ok {
 			return p
 		}
 	}
-	t.Fatal("testenv: no free port")
+	t.Fatalf("testenv: no %d consecutive free ports", n)
 	return 0
 }
 
