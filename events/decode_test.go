@@ -29,7 +29,7 @@ type conformanceCase struct {
 
 func loadPayloadCases(t testing.TB) []conformanceCase {
 	t.Helper()
-	raw, err := os.ReadFile(testenv.Shared(t, "conformance", "events", "payloads.json"))
+	raw, err := os.ReadFile(testenv.Data(t, "conformance", "events", "payloads.json"))
 	require.NoError(t, err)
 	var file struct {
 		Cases []conformanceCase `json:"cases"`

@@ -53,7 +53,7 @@ func (v vector) request() Request {
 }
 
 func vectorsPath(t testing.TB) string {
-	return testenv.Shared(t, "conformance", "hash_vectors.jsonl")
+	return testenv.Data(t, "conformance", "hash_vectors.jsonl")
 }
 
 func loadVectors(t testing.TB) []vector {

@@ -172,7 +172,7 @@ func TestHashBinaryMatchesConformanceVectors(t *testing.T) {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 
-	f, err := os.Open(filepath.Join(root, "..", "shared", "conformance", "hash_vectors.jsonl"))
+	f, err := os.Open(testenv.Data(t, "conformance", "hash_vectors.jsonl"))
 	require.NoError(t, err)
 	defer f.Close()
 	sc := bufio.NewScanner(f)

@@ -370,7 +370,7 @@ func pyEngine(t *testing.T, e *engine, n int, drop ...uint64) (uint64, func()) {
 		require.NoError(t, err)
 		in.Write(append(line, '\n'))
 	}
-	args := []string{testenv.Shared(t, "interop", "vllm_publisher.py"), "--endpoint", strings.Replace(e.pubEP, "127.0.0.1", "*", 1),
+	args := []string{testenv.Data(t, "interop", "vllm_publisher.py"), "--endpoint", strings.Replace(e.pubEP, "127.0.0.1", "*", 1),
 		"--topic", e.topic(), "--replay", strings.Replace(e.replayEP, "127.0.0.1", "*", 1), "--warmup", "0.5", "--linger", "3"}
 	for _, d := range drop {
 		args = append(args, "--drop-seq", strconv.FormatUint(d, 10))

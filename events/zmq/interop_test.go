@@ -34,7 +34,7 @@ func runPyPublisher(t *testing.T, args []string, batches ...map[string]any) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Short waits keep the package's tests fast; args may override them.
-	args = append([]string{testenv.Shared(t, "interop", "vllm_publisher.py"), "--warmup", "0.3", "--linger", "0.2"}, args...)
+	args = append([]string{testenv.Data(t, "interop", "vllm_publisher.py"), "--warmup", "0.3", "--linger", "0.2"}, args...)
 	cmd := exec.CommandContext(ctx, python, args...)
 	cmd.Stdin = &in
 	out, err := cmd.CombinedOutput()
@@ -58,7 +58,7 @@ func startPyPublisher(t *testing.T, args ...string) *pyPublisher {
 	python := testenv.Python(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	args = append([]string{testenv.Shared(t, "interop", "vllm_publisher.py"), "--warmup", "0", "--linger", "0.2"}, args...)
+	args = append([]string{testenv.Data(t, "interop", "vllm_publisher.py"), "--warmup", "0", "--linger", "0.2"}, args...)
 	cmd := exec.CommandContext(ctx, python, args...)
 	p := &pyPublisher{t: t, exited: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = &p.out, &p.out

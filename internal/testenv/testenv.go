@@ -1,7 +1,8 @@
 // Package testenv finds what kvsource's tests share with the world outside
-// the module: the repository root, the read-only ../shared folder beside it
-// (conformance data, the vLLM publisher model), Debian's Python with pyzmq
-// and msgpack, and free loopback ports.
+// their package: the repository root, its testdata (a copy of the conformance
+// data and the vLLM publisher model of the read-only ../shared folder beside
+// a checkout), Debian's Python with pyzmq and msgpack, and free loopback
+// ports.
 //
 // It is for tests only.
 package testenv
@@ -40,11 +41,22 @@ func RepoRoot(t testing.TB) string {
 	}
 }
 
-// Shared returns a path under ../shared, the folder beside the checkout that
-// holds the conformance data and the interop scripts.
-func Shared(t testing.TB, elem ...string) string {
+// Data returns a path under the repository's testdata folder, which holds
+// the repository's copy of the conformance data and the interop scripts of
+// ../shared (the read-only folder beside a developer's checkout), so that
+// the tests run from a plain clone. TestDataEqualsShared keeps the copy equal
+// to ../shared wherever that is present.
+func Data(t testing.TB, elem ...string) string {
 	t.Helper()
-	return filepath.Join(append([]string{RepoRoot(t), "..", "shared"}, elem...)...)
+	return filepath.Join(append([]string{RepoRoot(t), "testdata"}, elem...)...)
+}
+
+// SharedDir is ../shared beside the checkout, and whether it is there.
+func SharedDir(t testing.TB) (string, bool) {
+	t.Helper()
+	dir := filepath.Join(RepoRoot(t), "..", "shared")
+	st, err := os.Stat(dir)
+	return dir, err == nil && st.IsDir()
 }
 
 // PythonPath is Debian's interpreter, the one python3-zmq and
