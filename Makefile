@@ -25,7 +25,7 @@ test: deps
 # The load run (TestServeLoad) drives the built kvsource serve on loopback.
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem -timeout 60m ./...
-	KVSOURCE_LOAD=1 $(GO) test ./cmd/kvsource -run '^TestServeLoad$$' -count 1 -v -timeout 10m
+	KVSOURCE_LOAD=1 $(GO) test ./service -run '^TestServeLoad$$' -count 1 -v -timeout 10m
 
 demo: deps
 	$(GO) run ./examples/fleetreplay
@@ -41,9 +41,9 @@ fuzz: deps
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzEscapeToken -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseBatch -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseSourcesTable -fuzztime $(FUZZTIME)
-	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
-	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
-	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)
+	$(GO) test ./service -run '^$$' -fuzz FuzzRequests -fuzztime $(FUZZTIME)
+	$(GO) test ./service -run '^$$' -fuzz FuzzParsePodEndpoint -fuzztime $(FUZZTIME)
+	$(GO) test ./picker/calibrate -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzUnmarshal -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzScanTokens -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
-	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParseSize -fuzztime $(FUZZTIME)
+	$(GO) test ./service -run '^$$' -fuzz FuzzParseSize -fuzztime $(FUZZTIME)

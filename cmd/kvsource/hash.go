@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/internal/cliflag"
 )
 
 func init() {
@@ -95,7 +96,7 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("hash", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	algo := fs.String("algo", string(hashing.SHA256), "")
-	var seed seedFlag
+	var seed cliflag.Seed
 	fs.Var(&seed, "seed", "")
 	blockSize := fs.Int("block-size", hashing.DefaultBlockSize, "")
 	lora := fs.String("lora-name", "", "")
@@ -119,7 +120,7 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *blockSize < 1 {
 		return fail(2, "--block-size %d: must be at least 1", *blockSize)
 	}
-	h, err := hashing.New(seed.config(*algo, *blockSize))
+	h, err := hashing.New(seed.Config(*algo, *blockSize))
 	switch {
 	case errors.Is(err, hashing.ErrUnknownAlgo):
 		return fail(2, "unknown --algo %q (want one of %s)", *algo, hashAlgoList())
