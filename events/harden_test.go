@@ -2,6 +2,7 @@ package events
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -198,4 +199,17 @@ func TestEvictedPodsGiveBackTheirPodState(t *testing.T) {
 	_, tracked := p.pods.Load("10.0.0.1:8000")
 	require.True(t, tracked, "the real pod got the shared overflow state")
 	require.Equal(t, []uint64{99}, sink.Keys("m", index.Holder{Pod: "10.0.0.1:8000"}, "GPU"))
+}
+
+func TestRefusalsKeptForWaitAppliedAreBoundedByPodCount(t *testing.T) {
+	p, err := NewProcessor(Config{Sink: eventstest.NewRecSink(), Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	for i := range 3 * maxRefusedPods {
+		p.SenderMismatch(fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256), "127.0.0.1", uint64(i))
+	}
+	require.LessOrEqual(t, p.nRefused.Load(), int64(maxRefusedPods))
+	n := 0
+	p.refused.Range(func(_, _ any) bool { n++; return true })
+	require.Equal(t, int(p.nRefused.Load()), n)
+	require.Equal(t, uint64(3*maxRefusedPods), p.Stats().SenderMismatch)
 }

@@ -96,7 +96,19 @@ func (p *Processor) SenderMismatch(pod, sender string, seq uint64) {
 	p.c[cMessages].Add(1)
 	p.c[cSenderMismatch].Add(1)
 	p.limited.logAny(slog.LevelWarn, "events: dropped message from a sender that may not publish for its pod", logName(pod),
-		"sender", sender, "seq", seq)
+		"sender", sender, "seq", seq, "fix", p.cfg.SenderCheckHint)
+	p.recordRefusal(pod, sender)
+}
+
+// recordRefusal keeps pod's latest refusal for WaitApplied and wakes its
+// waiters; past maxRefusedPods pods only those already kept are updated.
+func (p *Processor) recordRefusal(pod, sender string) {
+	r := refusal{n: p.refusals.Add(1), sender: sender}
+	if _, loaded := p.refused.Swap(pod, r); !loaded && p.nRefused.Add(1) > maxRefusedPods {
+		p.refused.Delete(pod)
+		p.nRefused.Add(-1)
+	}
+	p.applied.Broadcast()
 }
 
 // logName bounds a peer's name for a log line.

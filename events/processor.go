@@ -28,6 +28,10 @@ var (
 	// Stats.ReplayTimeouts, as is a replay that ran out of
 	// Config.ReplayDeadline.
 	ErrReplayTimeout = errors.New("events: replay timed out")
+	// ErrSenderRefused is returned by WaitApplied when the pod's messages
+	// are being dropped because their sender may not publish for it (see
+	// SenderMismatch): waiting longer would not apply them.
+	ErrSenderRefused = errors.New("events: sender may not publish for the pod")
 )
 
 // GapPolicy is what a holder's state becomes after a sequence gap that
@@ -127,6 +131,11 @@ type Config struct {
 	// content-key mode on; default "content-key mode
 	// (events.Config.ContentKeys)" (kvsource serve sets "--keys content").
 	ContentKeysHint string
+	// SenderCheckHint names, in the log line of a message dropped for its
+	// sender, how the user lets that sender publish; default
+	// "zmq.SubscriberConfig.Allow, or NoSenderCheck" (kvsource serve names
+	// its --events-allow and --events-no-sender-check).
+	SenderCheckHint string
 	// ContentMapSize bounds each holder's engine-key to content-key map in
 	// content-key mode; default 1<<20 entries.
 	ContentMapSize int
@@ -245,7 +254,22 @@ type Processor struct {
 	errPods  sync.Map // pod -> *atomic.Uint64, its decode errors
 	nErrPods atomic.Int64
 	applied  notify.Notifier
+	// refused holds, for at most maxRefusedPods pods, the latest message
+	// dropped for its sender, so that WaitApplied can say why it would
+	// wait in vain; refusals numbers them.
+	refused  sync.Map // pod -> refusal
+	nRefused atomic.Int64
+	refusals atomic.Uint64
 }
+
+// refusal is a pod's latest message dropped by SenderMismatch.
+type refusal struct {
+	n      uint64 // its number in Processor.refusals
+	sender string
+}
+
+// maxRefusedPods bounds Processor.refused: a flood of names cannot grow it.
+const maxRefusedPods = 1024
 
 // podState counts how many of a pod's messages were handed and how many
 // have been handled, which is what Sync waits on: one pod's messages are
@@ -282,6 +306,9 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	}
 	if cfg.ContentKeysHint == "" {
 		cfg.ContentKeysHint = "content-key mode (events.Config.ContentKeys)"
+	}
+	if cfg.SenderCheckHint == "" {
+		cfg.SenderCheckHint = "zmq.SubscriberConfig.Allow, or NoSenderCheck where every peer is trusted"
 	}
 	if cfg.ContentMapSize <= 0 {
 		cfg.ContentMapSize = 1 << 20
@@ -470,8 +497,19 @@ func (p *Processor) NoModel(pod, topic string, seq uint64) {
 
 // WaitApplied returns once holder h has applied the batch with sequence
 // number seq or a later one, or with ctx's error when ctx is done first.
+//
+// It returns an error wrapping ErrSenderRefused, naming the sender, when a
+// message for h's pod is dropped for its sender while it waits.
 func (p *Processor) WaitApplied(ctx context.Context, h index.Holder, seq uint64) error {
-	return p.applied.Await(ctx, func() bool {
+	since := p.refusals.Load()
+	var refused *refusal
+	err := p.applied.Await(ctx, func() bool {
+		if v, ok := p.refused.Load(h.Pod); ok {
+			if r := v.(refusal); r.n > since {
+				refused = &r
+				return true
+			}
+		}
 		v, ok := p.holders.Load(h)
 		if !ok {
 			return false
@@ -479,6 +517,10 @@ func (p *Processor) WaitApplied(ctx context.Context, h index.Holder, seq uint64)
 		hd := v.(*holder)
 		return hd.hasSeq.Load() && hd.lastSeq.Load() >= seq
 	})
+	if err == nil && refused != nil {
+		return fmt.Errorf("%w: pod %s, sender %s (let it publish with %s)", ErrSenderRefused, logName(h.Pod), refused.sender, p.cfg.SenderCheckHint)
+	}
+	return err
 }
 
 // Sync returns once every message handed to the processor before the call

@@ -100,7 +100,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
-		ReplayDeadline: cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap(), SnapshotExpiry: cfg.SnapshotExpiry, MaxHolders: cfg.EventsMaxHolders}
+		SenderCheckHint: "--events-allow NETWORK for pods named by DNS names (a pod named by an IP publishes from that IP only), or --events-no-sender-check where every peer that reaches the port is trusted",
+		ReplayDeadline:  cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap(), SnapshotExpiry: cfg.SnapshotExpiry, MaxHolders: cfg.EventsMaxHolders}
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}

@@ -1,8 +1,12 @@
 package zmq
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -190,4 +194,57 @@ func TestBindModeKeepsThePerSenderBoundWhileASendersConnectionsComeAndGo(t *test
 	require.Eventually(t, func() bool { return s.Stats().SenderMismatch >= 8 }, waitLong, 5*time.Millisecond)
 	require.NoError(t, s.Sync(t.Context()))
 	require.Len(t, s.Status(), 3)
+}
+
+func TestBindModeSaysWhyAPodIsRefusedAndWaitAppliedStopsWaiting(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t)
+	var logs syncBuffer
+	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: eventstest.NewRecSink(),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), SenderCheckHint: "--events-allow or --events-no-sender-check"},
+		Bind: []string{localEP(port)}})
+	// A pod named by an address it does not publish from, as a newcomer's
+	// 10.0.0.x names published from loopback are.
+	p := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: "kv@10.0.0.9:8000@m"})
+	require.NoError(t, p.WaitSubscribed(t.Context()))
+	h := index.Holder{Pod: "10.0.0.9:8000"}
+	waited := make(chan error, 1)
+	go func() { waited <- s.WaitApplied(t.Context(), h, 0) }()
+	require.Eventually(t, func() bool {
+		publish(t, p, stored(0, nil, 1))
+		select {
+		case err := <-waited:
+			require.ErrorIs(t, err, events.ErrSenderRefused)
+			require.ErrorContains(t, err, "10.0.0.9:8000")
+			require.ErrorContains(t, err, "--events-allow or --events-no-sender-check")
+			return true
+		case <-time.After(50 * time.Millisecond):
+			return false
+		}
+	}, waitLong, time.Millisecond, "WaitApplied waited on for a pod whose messages are dropped")
+	require.Contains(t, logs.String(), "fix=\"--events-allow or --events-no-sender-check\"")
+	require.Contains(t, logs.String(), "accepted from it only")
+
+	// A pod that is not refused is still waited for.
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, s.WaitApplied(ctx, index.Holder{Pod: "127.0.0.1:8000"}, 0), context.DeadlineExceeded)
+}
+
+// syncBuffer is a bytes.Buffer a logger and a test may share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -592,10 +592,10 @@ func (r *receiver) sender(pod, peer string, seq uint64) bool {
 	addr = addr.Unmap()
 	if !r.s.cfg.NoSenderCheck {
 		if want, named := events.PodAddr(pod); named && want != addr {
-			r.s.proc.SenderMismatch(pod, peer, seq)
+			r.s.proc.SenderMismatch(pod, peer+" (the pod is named by the address "+want.String()+", accepted from it only)", seq)
 			return false
 		} else if !named && !r.allowed(addr) {
-			r.s.proc.SenderMismatch(pod, peer, seq)
+			r.s.proc.SenderMismatch(pod, peer+" (outside the networks allowed to publish for DNS-named pods)", seq)
 			return false
 		}
 	}
