@@ -37,3 +37,22 @@ func TestPureGoPackagesBuildWithoutCgo(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "CGO_ENABLED=0 go vet: %s", out)
 }
+
+// The cgo transports, built without cgo, fail with a sentence that says so
+// rather than with pebbe/zmq4's "undefined: State".
+func TestCgoPackagesSayTheyNeedCgo(t *testing.T) {
+	for pkg, want := range map[string]string{
+		"./events/zmq":   "events_zmq_needs_cgo_and_libzmq",
+		"./transfer/p2p": "transfer_p2p_needs_cgo_and_libzmq",
+		"./service":      "events_zmq_needs_cgo_and_libzmq", // an importer
+	} {
+		t.Run(strings.TrimPrefix(pkg, "./"), func(t *testing.T) {
+			cmd := exec.Command("go", "build", pkg)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err)
+			require.Contains(t, string(out), want)
+			require.NotContains(t, string(out), "undefined: State")
+		})
+	}
+}

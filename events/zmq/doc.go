@@ -1,3 +1,5 @@
+//go:build cgo
+
 // Package zmq is the ZMQ transport of package events: a Subscriber that
 // receives vLLM's KV events from SUB sockets and applies them through an
 // events.Processor, the DEALER client of vLLM's ROUTER replay socket, and a

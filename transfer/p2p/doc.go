@@ -1,3 +1,5 @@
+//go:build cgo
+
 // Package p2p implements both sides of vLLM's P2P KV-offload tier control
 // protocol (vllm/v1/kv_offload/tiering/p2p, as of vLLM PR #51875) over ZMQ,
 // and the data planes that move the bytes.

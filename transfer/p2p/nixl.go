@@ -1,4 +1,4 @@
-//go:build nixl
+//go:build cgo && nixl
 
 // The NIXL data plane, built with -tags nixl. It talks to libnixl_capi, the
 // C API NIXL v1.4.0 builds from src/bindings/rust/wrapper.cpp. v1.4.0

@@ -1,4 +1,4 @@
-//go:build nixl
+//go:build cgo && nixl
 
 package p2p
 
