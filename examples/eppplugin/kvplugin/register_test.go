@@ -128,7 +128,9 @@ func TestDecisionPathBuildsWithoutCgo(t *testing.T) {
 		t.Skip("runs the go tool")
 	}
 	env := append(os.Environ(), "CGO_ENABLED=0")
-	pkgs := []string{".", "../mirror/..."}
+	// Only the plugins: the porting recipe deletes the mirror, whose
+	// packages "." imports (and so checks) as long as it is here.
+	pkgs := []string{"."}
 	out, err := runGo(env, append([]string{"list", "-deps", "-test", "-f", "{{.ImportPath}}"}, pkgs...)...)
 	require.NoError(t, err, "%s", out)
 	for _, dep := range strings.Fields(out) {
