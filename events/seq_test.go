@@ -1,7 +1,9 @@
 package events
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -111,5 +113,25 @@ func TestSequenceTrackingNeverLeavesBlocksTheEngineDropped(t *testing.T) {
 		require.Equal(t, restarts, st.Restarts, "seed %d", seed)
 		require.LessOrEqual(t, st.Unrecovered, losses, "seed %d", seed)
 		require.Equal(t, "live", st.State)
+	}
+}
+
+func TestARestartRepeatingTheLastNumberIsLoggedAsARepeatNotAsGoingBackwards(t *testing.T) {
+	for _, tc := range []struct {
+		first, then uint64
+		want        string
+	}{
+		{0, 0, "its sequence repeated an applied number"},
+		{5, 0, "its sequence went back to an applied number"},
+	} {
+		var logs strings.Builder
+		s, err := NewProcessor(Config{Sink: eventstest.NewRecSink(), Logger: testenv.TextLogger(&logs)})
+		require.NoError(t, err)
+		w := newWorker(s)
+		b := batchOf(storedTokens(nil, seqTokens(0, 4), 1))
+		w.handle(message{Message: Message{Pod: "pod", Model: "m", Seq: tc.first, Payload: AppendBatch(nil, &b, LayoutArray, 0)}})
+		w.handle(message{Message: Message{Pod: "pod", Model: "m", Seq: tc.then, Payload: AppendBatch(nil, &b, LayoutArray, 0)}})
+		require.Contains(t, logs.String(), tc.want)
+		require.Contains(t, logs.String(), fmt.Sprintf("last_applied_seq=%d seq=%d", tc.first, tc.then))
 	}
 }

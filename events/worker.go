@@ -559,8 +559,12 @@ func (w *worker) decodeError(pod string, seq uint64, err error) {
 func (w *worker) restart(h *holder, seq uint64) {
 	w.p.c[cRestarts].Add(1)
 	h.c[cRestarts].Add(1)
-	w.p.limited.logf(slog.LevelWarn, "events: engine restarted (sequence went backwards), clearing its entries",
-		h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq)
+	how := "went back to"
+	if seq == h.next-1 {
+		how = "repeated" // a new engine's first batch numbered as the old one's last, 0 after 0
+	}
+	w.p.limited.logf(slog.LevelWarn, "events: engine restarted (its sequence "+how+" an applied number), clearing its entries",
+		h.id.Pod, "rank", h.id.Rank, "last_applied_seq", h.next-1, "seq", seq)
 	w.p.cfg.Sink.ClearHolder(h.model, h.id, "")
 	if h.content != nil {
 		h.content.reset()

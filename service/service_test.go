@@ -287,7 +287,7 @@ func TestServeRejectsBadRequestsWithJSONErrors(t *testing.T) {
 		{"unknown field", "POST", "/v1/score", `{"model":"m","tokens":[1],"prompt":"hi"}`, "unknown field"},
 		{"trailing data", "POST", "/v1/score", `{"model":"m","tokens":[1]} {}`, "trailing data"},
 		{"missing model", "POST", "/v1/score", `{"tokens":[1,2]}`, `"model" is required`},
-		{"missing tokens", "POST", "/v1/pick", `{"model":"m","destination":"p:1"}`, `"tokens" is required`},
+		{"missing tokens", "POST", "/v1/pick", `{"model":"m","destination":"p:1"}`, `"tokens" or "tokens_b64" is required`},
 		{"negative token", "POST", "/v1/score", `{"model":"m","tokens":[-1]}`, "decoding request"},
 		{"missing destination", "POST", "/v1/pick", `{"model":"m","tokens":[1]}`, `"destination" is required`},
 		{"zero threshold", "POST", "/v1/pick", `{"model":"m","tokens":[1],"destination":"p:1","min_cached_token_delta":0}`, "at least 1"},

@@ -35,7 +35,7 @@ func (p *Prompt) request() (hashing.Request, error) {
 		return hashing.Request{}, errors.New(`"model" is required`)
 	}
 	if p.Tokens == nil {
-		return hashing.Request{}, errors.New(`"tokens" is required`)
+		return hashing.Request{}, errors.New(`"tokens" or "tokens_b64" is required`)
 	}
 	r := hashing.Request{Tokens: p.Tokens, LoRAName: p.LoRAName, CacheSalt: p.CacheSalt}
 	for _, m := range p.MMItems {

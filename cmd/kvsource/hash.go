@@ -141,6 +141,13 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(1, "%v", err)
 	}
+	if len(blocks) == 0 {
+		// Only full blocks are hashed and cached: say so rather than
+		// print nothing, which reads as a failure. stdout stays empty,
+		// the answer for scripts: no block.
+		fmt.Fprintf(stderr, "kvsource hash: %d tokens make no full block of %d: nothing to hash (vLLM caches full blocks only)\n", len(tokens), *blockSize)
+		return 0
+	}
 	var out bytes.Buffer
 	for i, b := range blocks {
 		switch *output {

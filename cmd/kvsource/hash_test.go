@@ -108,12 +108,22 @@ func TestHashEmptySeedIsPythonHashSeedEmptyNotTheDefault(t *testing.T) {
 	require.Zero(t, code, stderr, "PYTHONHASHSEED=\"\" is an explicit seed")
 }
 
-func TestHashPrintsNothingForNoFullBlock(t *testing.T) {
-	for _, stdin := range []string{"", "  \n", "[]", "1 2 3"} {
-		code, stdout, stderr := runHashWith(nil, stdin)
+func TestHashSaysSoWhenThereIsNoFullBlockAndPrintsNoKey(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		stdin string
+		want  string
+	}{
+		{nil, "", "0 tokens make no full block of 16"},
+		{nil, "  \n", "0 tokens make no full block of 16"},
+		{nil, "[]", "0 tokens make no full block of 16"},
+		{nil, "1 2 3", "3 tokens make no full block of 16"},
+		{[]string{"--block-size", "4"}, "1 2 3", "3 tokens make no full block of 4"},
+	} {
+		code, stdout, stderr := runHashWith(tc.args, tc.stdin)
 		require.Zero(t, code, stderr)
 		require.Empty(t, stdout)
-		require.Empty(t, stderr)
+		require.Contains(t, stderr, tc.want)
 	}
 }
 
