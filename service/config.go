@@ -180,6 +180,9 @@ func (c *Config) setDefaults() {
 	if c.EventsQueueMemory == 0 {
 		c.EventsQueueMemory = max(DefaultEventsQueueMemory, c.EventsMaxMessage)
 	}
+	if c.KeptPullsMemory == 0 {
+		c.KeptPullsMemory = DefaultKeptPullsMemory
+	}
 	if c.NATS.Stream == "" {
 		c.NATS.Stream = natsstream.DefaultStream
 	}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/hashing"
 )
 
 func TestServeLimitFlagsDefaultAndValidate(t *testing.T) {
@@ -305,4 +307,40 @@ func TestServeCountsBadRequestsAndLogsAFewOfThem(t *testing.T) {
 		code, _ := call(t, "POST", base+"/v1/pick", "x")
 		require.Equal(t, http.StatusBadRequest, code)
 	}
+}
+
+func TestServeKeepsPullsForDoneWithoutTheirKeysAndWithinItsBudget(t *testing.T) {
+	// A long prompt: 1,024 blocks to pull, 8 KiB of missing keys a pick.
+	s, base := startServe(t, "--events-bind", "tcp://127.0.0.1:0", "--kept-pulls-memory", "1KiB")
+	h, err := hashing.New(hashing.Config{})
+	require.NoError(t, err)
+	tokens := make([]uint32, 1024*16)
+	keys, err := h.BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	newServeFeeder(t, s).store("127.0.0.1:8002", "m", "CPU", keys)
+
+	perPull := keptPullBytes("r-0")
+	kept := 0
+	for i := range 20 {
+		code, body := call(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens,
+			"destination": "10.0.0.1:8000", "request_id": fmt.Sprintf("r-%d", i)})
+		require.Equal(t, http.StatusOK, code, "%s", body)
+		require.Contains(t, string(body), `"reason":"pull"`, "a pull is answered whether or not it is kept")
+		if s.pulls.m.Size() > kept {
+			kept++
+		}
+	}
+	require.Less(t, perPull, int64(400), "a kept pull costs its bookkeeping, not its keys")
+	require.Equal(t, int(1024/perPull), kept, "kept up to the budget")
+	require.LessOrEqual(t, s.pulls.bytes.Load(), int64(1024))
+	require.Equal(t, float64(20-kept), counterValue(s, "kvsource_kept_pulls_dropped_total"))
+	for _, p := range s.pulls.m.All() {
+		require.Nil(t, p.d.Missing)
+	}
+	// The kept ones are released by /v1/done, the others only by the TTL.
+	_, body := call(t, "POST", base+"/v1/done", map[string]any{"request_id": "r-0"})
+	require.JSONEq(t, `{"released":true}`, string(body))
+	_, body = call(t, "POST", base+"/v1/done", map[string]any{"request_id": "r-19"})
+	require.JSONEq(t, `{"released":false}`, string(body))
+	require.Equal(t, int64(kept-1)*perPull, s.pulls.bytes.Load())
 }

@@ -107,6 +107,10 @@ type MemoryConfig struct {
 	// EventsQueueMemory bounds the bytes queued for each event worker
 	// (events.Config.QueueBytes).
 	EventsQueueMemory int64
+	// KeptPullsMemory bounds the pull decisions kept for POST /v1/done
+	// (about 200 bytes and the request id each); zero:
+	// DefaultKeptPullsMemory.
+	KeptPullsMemory int64
 }
 
 const (
@@ -117,22 +121,27 @@ const (
 	// DefaultEventsQueueMemory is --events-queue-memory's default,
 	// NATS's bound on a connection's pending bytes.
 	DefaultEventsQueueMemory = 64 << 20
+	// DefaultKeptPullsMemory is --kept-pulls-memory's default: some
+	// 300,000 pulls in flight.
+	DefaultKeptPullsMemory = 64 << 20
 )
 
 func (c *MemoryConfig) flags(fs *flag.FlagSet) {
 	c.IndexMemory = DefaultIndexMemory
 	c.EventsMaxMessage = DefaultEventsMaxMessage
 	c.EventsQueueMemory = DefaultEventsQueueMemory
+	c.KeptPullsMemory = DefaultKeptPullsMemory
 	fs.Var((*sizeFlag)(&c.IndexMemory), "index-memory", "bound of the index in bytes (e.g. 512MiB, 2GiB), oldest holdings evicted past it; also sets the Go memory limit to 1.25x it plus 128MiB unless GOMEMLIMIT is set (0: a budget of 64Mi holdings, no limit)")
 	fs.Var((*sizeFlag)(&c.EventsMaxMessage), "events-max-message", "largest event message accepted; a peer sending a larger one is disconnected")
 	fs.Var((*sizeFlag)(&c.EventsQueueMemory), "events-queue-memory", "bytes of event messages queued per worker; past it messages are dropped and their pods resynced by replay")
+	fs.Var((*sizeFlag)(&c.KeptPullsMemory), "kept-pulls-memory", "bytes of pull decisions kept for POST /v1/done (about 200 bytes and the request id each); past it a pull is answered but released only by --inflight-ttl")
 }
 
 func (c *MemoryConfig) check() error {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"--index-memory", c.IndexMemory}, {"--events-max-message", c.EventsMaxMessage}, {"--events-queue-memory", c.EventsQueueMemory}} {
+	}{{"--index-memory", c.IndexMemory}, {"--events-max-message", c.EventsMaxMessage}, {"--events-queue-memory", c.EventsQueueMemory}, {"--kept-pulls-memory", c.KeptPullsMemory}} {
 		if f.v < 0 {
 			return fmt.Errorf("%s must not be negative, got %d", f.name, f.v)
 		}
@@ -175,5 +184,5 @@ func (s *Service) initMemoryMetrics() {
 	memory := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsource_index_memory_budget_bytes",
 		Help: "--index-memory: the index's bound in bytes, 0 for a holding budget only."})
 	memory.Set(float64(s.cfg.IndexMemory))
-	s.reg.MustRegister(budget, memory)
+	s.reg.MustRegister(budget, memory, s.pulls.held, s.pulls.notKept)
 }

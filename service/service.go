@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/events/zmq"
@@ -55,18 +54,11 @@ type Service struct {
 	subDone  chan error
 	shutdown sync.Once
 
-	// pulls holds the pull decisions by request id until POST /v1/done
-	// releases them or the in-flight TTL passes.
-	pulls *xsync.Map[string, *inflightPull]
+	pulls *keptPulls
 	// snapSeqs are the sequence numbers the snapshot was loaded with; read
 	// only after start-up.
 	snapSeqs map[index.Holder]uint64
 	nats     *natsRole // nil: standalone
-}
-
-type inflightPull struct {
-	d  picker.Decision
-	at time.Time
 }
 
 // New builds the service of cfg: it loads the snapshot, connects to NATS
@@ -90,7 +82,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: log, hasher: h, pulls: xsync.NewMap[string, *inflightPull]()}
+	s := &Service{cfg: cfg, log: log, hasher: h, pulls: newKeptPulls(cfg.KeptPullsMemory, cfg.InflightTTL, log)}
 	if s.nats, err = newServeNATS(ctx, cfg, log); err != nil {
 		return nil, err
 	}
@@ -198,7 +190,7 @@ func (s *Service) Start(ctx context.Context) error {
 	done := make(chan error, 1)
 	s.subDone = done
 	go func() { done <- s.sub.Run(subCtx) }()
-	go s.forgetExpiredPulls(subCtx)
+	go s.pulls.forgetExpired(subCtx)
 	s.nats.start(subCtx, s.sub.Status)
 	s.startSnapshots(subCtx)
 	s.log.Info("kvsource serve: started", "bind", s.cfg.EventsBind,
@@ -540,9 +532,7 @@ func (s *Service) handlePick(w http.ResponseWriter, r *http.Request) error {
 		// Kept for Done under the id the answer names, so that a pick
 		// without a request_id can be released by its kv_request_id. The
 		// copy and d release the same pull, once.
-		if old, loaded := s.pulls.LoadAndStore(kvID, &inflightPull{d: d, at: time.Now()}); loaded {
-			old.d.Done()
-		}
+		s.pulls.keep(kvID, d, time.Now())
 	}
 	if b.out, err = a.appendJSON(b.out[:0]); err != nil {
 		return err
@@ -629,38 +619,8 @@ func (s *Service) handleDone(w http.ResponseWriter, r *http.Request) error {
 	if err := checkField("request_id", req.RequestID); err != nil {
 		return err
 	}
-	p, ok := s.pulls.LoadAndDelete(req.RequestID)
-	if ok {
-		p.d.Done()
-	}
-	writeJSON(w, http.StatusOK, map[string]bool{"released": ok})
+	writeJSON(w, http.StatusOK, map[string]bool{"released": s.pulls.release(req.RequestID)})
 	return nil
-}
-
-// forgetExpiredPulls drops the decisions the picker no longer counts in
-// flight, so requests never marked done do not accumulate.
-func (s *Service) forgetExpiredPulls(ctx context.Context) {
-	// A TTL of a nanosecond is valid; a ticker of zero would panic.
-	t := time.NewTicker(max(s.cfg.InflightTTL/2, time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			for id, p := range s.pulls.All() {
-				if now.Sub(p.at) <= s.cfg.InflightTTL {
-					continue
-				}
-				s.pulls.Compute(id, func(cur *inflightPull, loaded bool) (*inflightPull, xsync.ComputeOp) {
-					if loaded && cur == p {
-						return nil, xsync.DeleteOp
-					}
-					return cur, xsync.CancelOp
-				})
-			}
-		}
-	}
 }
 
 // newKVRequestID returns a random kv_request_id for a pull whose

@@ -363,8 +363,8 @@ func TestServeForgetsPullsNeverMarkedDone(t *testing.T) {
 	code, body := call(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Equal(t, 1, s.pk.Inflight(src))
-	require.Equal(t, 1, s.pulls.Size())
-	require.Eventually(t, func() bool { return s.pulls.Size() == 0 && s.pk.Inflight(src) == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, s.pulls.m.Size())
+	require.Eventually(t, func() bool { return s.pulls.m.Size() == 0 && s.pk.Inflight(src) == 0 }, 10*time.Second, 20*time.Millisecond)
 	code, body = call(t, "POST", base+"/v1/done", map[string]any{"request_id": "r"})
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"released":false}`, string(body))
@@ -393,7 +393,7 @@ func TestServeDoneReleasesAPickWithoutRequestIDByItsKVRequestID(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"released":true}`, string(body))
 	require.Equal(t, 0, s.pk.Inflight(src))
-	require.Equal(t, 0, s.pulls.Size())
+	require.Equal(t, 0, s.pulls.m.Size())
 }
 
 // FuzzRequests posts arbitrary bodies to the JSON endpoints: every
@@ -494,7 +494,7 @@ func TestServeRunsWithAnInflightTTLBelowTheSweepTick(t *testing.T) {
 	code, body := call(t, "POST", base+"/v1/pick", map[string]any{"model": "m", "tokens": tokens, "destination": "10.0.0.1:8000", "request_id": "r"})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Contains(t, string(body), `"reason":"pull"`)
-	require.Eventually(t, func() bool { return s.pulls.Size() == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.pulls.m.Size() == 0 }, 10*time.Second, 5*time.Millisecond)
 }
 
 func TestServeGivesEveryPullItsOwnKVRequestID(t *testing.T) {
