@@ -106,7 +106,7 @@ var Counters = []Counter{
 	{"holders_evicted", "Holders forgotten, their entries cleared, to make room for a new one at the holder limit.", func(s *Stats) *uint64 { return &s.Evicted }, nil, cEvicted},
 	{"chunked_offload", "Offload-tier events whose block size differs from the GPU tier's: their CPU-tier lookups undercount.", func(s *Stats) *uint64 { return &s.ChunkedOffload },
 		func(h *HolderStatus) *uint64 { return &h.ChunkedOffload }, cChunkedOffload},
-	{"bad_topic", "Messages dropped because their pod name is not host:port, [v6]:port or dns-name:port of printable ASCII, at most 253 bytes.", func(s *Stats) *uint64 { return &s.BadTopic }, nil, cBadTopic},
+	{"bad_topic", "Messages dropped because their pod name is not host:port, [v6]:port or dns-name:port of printable ASCII, at most 253 bytes, or their model name is over 512 bytes.", func(s *Stats) *uint64 { return &s.BadTopic }, nil, cBadTopic},
 	{"sender_mismatch", "Messages dropped because their sender may not publish for the pod they name (bind mode).", func(s *Stats) *uint64 { return &s.SenderMismatch }, nil, cSenderMismatch},
 	{"conflicts", "Holders put in state conflict: two interleaved sequence streams under one name.", func(s *Stats) *uint64 { return &s.Conflicts },
 		func(h *HolderStatus) *uint64 { return &h.Conflicts }, cConflicts},

@@ -213,3 +213,19 @@ func TestRefusalsKeptForWaitAppliedAreBoundedByPodCount(t *testing.T) {
 	require.Equal(t, int(p.nRefused.Load()), n)
 	require.Equal(t, uint64(3*maxRefusedPods), p.Stats().SenderMismatch)
 }
+
+func TestMessagesWithAnOverlongModelNameAreDroppedAndCounted(t *testing.T) {
+	sink := eventstest.NewRecSink()
+	p := startProcessor(t, Config{Sink: sink})
+	b := batchOf(storedTokens(nil, seqTokens(0, 4), 1))
+	for i := range 50 {
+		model := fmt.Sprintf("%d-%s", i, strings.Repeat("m", 1<<20)) // 1 MiB names, each new
+		p.Handle(t.Context(), Message{Pod: "127.0.0.1:8000", Model: model, Seq: uint64(i), Payload: AppendBatch(nil, &b, LayoutArray, 0)})
+	}
+	ok := strings.Repeat("m", MaxModelBytes)
+	p.Handle(t.Context(), Message{Pod: "127.0.0.1:8000", Model: ok, Seq: 50, Payload: AppendBatch(nil, &b, LayoutArray, 0)})
+	require.NoError(t, p.Sync(t.Context()))
+	require.Equal(t, uint64(50), p.Stats().BadTopic)
+	require.Len(t, p.Status(), 1, "no holder of a dropped model")
+	require.Equal(t, []uint64{1}, sink.Keys(ok, index.Holder{Pod: "127.0.0.1:8000"}, "GPU"))
+}

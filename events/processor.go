@@ -17,6 +17,11 @@ import (
 	"github.com/kvsource/kvsource/internal/notify"
 )
 
+// MaxModelBytes bounds a message's model name: Hugging Face names
+// (org/name, 96 bytes each at most) with a revision or an adapter fit well
+// within it.
+const MaxModelBytes = 512
+
 // Errors the Processor's API returns.
 var (
 	// ErrConfig: the Config cannot work.
@@ -410,6 +415,14 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 			return
 		}
 	}
+	if len(m.Model) > MaxModelBytes {
+		// Each holder keeps its model's name: 260 names of 1 MiB from one
+		// sender held 417 MiB under an index budget of 16 MiB.
+		p.c[cBadTopic].Add(1)
+		p.limited.logAny(slog.LevelWarn, "events: dropped message whose model name is too long", logName(m.Pod), "seq", m.Seq,
+			"model", logName(m.Model), "bytes", len(m.Model), "max", MaxModelBytes)
+		return
+	}
 	msg := message{Message: m, ps: p.podState(m.Pod)}
 	if msg.ps == nil {
 		msg.ps = &p.overflow
@@ -643,7 +656,7 @@ type Stats struct {
 	// offloading connector keys one block per chunk of several GPU blocks,
 	// so lookups in that tier undercount (see the package doc).
 	ChunkedOffload  uint64
-	BadTopic        uint64 // dropped: the pod name is not valid (ValidPodName)
+	BadTopic        uint64 // dropped: the pod name is not valid (ValidPodName), or the model name over MaxModelBytes
 	SenderMismatch  uint64 // dropped: the sender may not publish for the pod it names
 	Conflicts       uint64 // holders put in state conflict
 	ConflictDropped uint64 // messages of holders in conflict, dropped
