@@ -101,6 +101,10 @@ type Config struct {
 	// They apply to Serve and ListenAndServe; zero: DefaultReadTimeout,
 	// DefaultWriteTimeout, DefaultIdleTimeout.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxConnections bounds Serve's open connections, leaving descriptors
+	// for the engines' sockets and snapshot saves (see conns.go); zero:
+	// DefaultMaxConnections.
+	MaxConnections int
 	// NATS is the scale-out role; zero: standalone.
 	NATS NATSConfig
 	Limits
@@ -126,6 +130,7 @@ const (
 	DefaultReadTimeout         = 30 * time.Second
 	DefaultWriteTimeout        = 30 * time.Second
 	DefaultIdleTimeout         = 2 * time.Minute
+	DefaultMaxConnections      = 1024
 	// HashCacheOff is the HashCacheBytes of no hash cache.
 	HashCacheOff = -1
 )
@@ -148,6 +153,7 @@ func (c *Config) setDefaults() {
 	def(&c.MinCachedTokenDelta, picker.DefaultMinCachedTokenDelta)
 	def(&c.P2PPort, picker.DefaultP2PPort)
 	def(&c.MaxInflight, DefaultMaxInflight())
+	def(&c.MaxConnections, DefaultMaxConnections)
 	def(&c.MaxTokens, DefaultMaxTokens)
 	def(&c.NATS.Replicas, 1)
 	defDur(&c.SnapshotExpiry, DefaultSnapshotExpiry)
@@ -179,6 +185,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.EventsQueueMemory == 0 {
 		c.EventsQueueMemory = max(DefaultEventsQueueMemory, c.EventsMaxMessage)
+	}
+	if c.MaxBodyMemory == 0 {
+		c.MaxBodyMemory = max(DefaultMaxBodyMemory, 2*bodyLimit(c.MaxTokens))
 	}
 	if c.KeptPullsMemory == 0 {
 		c.KeptPullsMemory = DefaultKeptPullsMemory
@@ -276,6 +285,7 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", DefaultReadTimeout, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", DefaultWriteTimeout, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", DefaultIdleTimeout, "how long an idle keep-alive connection stays open")
+	fs.IntVar(&cfg.MaxConnections, "http-max-connections", DefaultMaxConnections, "HTTP connections open at once; at the bound idle ones are closed first, and with none idle a new one is refused (keep it well below the descriptor limit: engines' sockets and snapshot saves need some)")
 	cfg.NATS.register(fs)
 	cfg.Limits.flags(fs)
 	cfg.SnapshotConfig.flags(fs)
@@ -343,6 +353,9 @@ func (c *Config) Validate() error {
 		if d.v <= 0 {
 			return fmt.Errorf("%s must be positive, got %v", d.name, d.v)
 		}
+	}
+	if c.MaxConnections < 1 {
+		return fmt.Errorf("--http-max-connections must be at least 1, got %d", c.MaxConnections)
 	}
 	if err := c.Limits.check(c.WriteTimeout); err != nil {
 		return err

@@ -27,7 +27,9 @@ import (
 
 // bodyBuf is one request's working memory.
 type bodyBuf struct {
-	body   []byte
+	body []byte
+	// held is how much of body counts against --max-body-memory.
+	held   int64
 	tokens []uint32
 	out    []byte
 	scores []picker.Score
@@ -59,39 +61,48 @@ func putBuf(b *bodyBuf) {
 	bodyBufPool.Put(b)
 }
 
-// readBody reads r's body, which instrument bounds to maxBody,
-// into buf[:0].
-func readBody(r *http.Request, buf []byte) ([]byte, error) {
-	buf = buf[:0]
-	if r.ContentLength > 0 && r.ContentLength <= bodyLimit(DefaultMaxTokens) {
-		// One more byte, so that reading EOF does not grow the buffer. The
-		// body's own bound is admit's (its MaxBytesReader); this one only
-		// keeps a handler called without admit from trusting a header.
-		buf = slices.Grow(buf, int(r.ContentLength)+1)
+// readBody reads r's body, which admit bounds, into b.body[:0], counting
+// its bytes against --max-body-memory as they arrive; the caller releases
+// them (b.held) when it is done with the body.
+func (s *Service) readBody(r *http.Request, b *bodyBuf) error {
+	buf := b.body[:0]
+	if r.ContentLength > 0 && r.ContentLength < int64(cap(buf)) {
+		// A buffer of the pool large enough: reading EOF does not grow it.
+		buf = buf[: 0 : r.ContentLength+1]
 	}
+	defer func() { b.body = buf }()
 	for {
 		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, max(512, cap(buf)))
+			// Grown as the body arrives, not to its declared length: a
+			// client that declares a large body and sends it slowly holds
+			// only what it sent.
+			grow := max(512, cap(buf))
+			if rest := r.ContentLength - int64(len(buf)) + 1; rest > 0 && rest < int64(grow) {
+				grow = int(rest)
+			}
+			buf = slices.Grow(buf, grow)
 		}
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		if n > 0 {
+			if !s.reserveBody(int64(n)) {
+				return errBodyMemory
+			}
+			b.held += int64(n)
+		}
 		buf = buf[:len(buf)+n]
 		if errors.Is(err, io.EOF) {
-			return buf, nil
+			return nil
 		}
 		if err != nil {
-			return buf, badRequest{fmt.Errorf("reading request: %w", err)}
+			return badRequest{fmt.Errorf("reading request: %w", err)}
 		}
 	}
 }
 
-// decodePrompt reads and decodes a /v1/score or /v1/pick body into v,
-// whose prompt is p, with the tokens (from "tokens" or "tokens_b64") in
-// b.tokens.
-func decodePrompt(r *http.Request, b *bodyBuf, v any, p *Prompt) error {
-	var err error
-	if b.body, err = readBody(r, b.body); err != nil {
-		return err
-	}
+// decodePrompt decodes a /v1/score or /v1/pick body, read into b.body,
+// into v, whose prompt is p, with the tokens (from "tokens" or
+// "tokens_b64") in b.tokens.
+func decodePrompt(b *bodyBuf, v any, p *Prompt) error {
 	toks, err := tokjson.Unmarshal(b.body, v, b.tokens)
 	if err != nil {
 		return badRequest{fmt.Errorf("decoding request: %w", typeError(err, v))}

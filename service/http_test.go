@@ -134,3 +134,58 @@ func TestServeShutdownStopsWaitingForAStuckSubscriberAndStillSaves(t *testing.T)
 	require.Contains(t, logs.String(), "the event subscriber did not stop in time")
 	require.FileExists(t, snapshot)
 }
+
+// healthzOn sends GET /healthz on conn, keeping it alive, and returns the
+// status, or 0 when the connection was closed.
+func healthzOn(t *testing.T, conn net.Conn) int {
+	t.Helper()
+	_, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	if err != nil {
+		return 0
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestServeBoundsItsConnectionsClosingIdleOnesFirst(t *testing.T) {
+	s, base := startServe(t, "--http-max-connections", "4")
+	addr := strings.TrimPrefix(base, "http://")
+	dial := func() net.Conn {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		return conn
+	}
+	// Four idle keep-alive connections fill the bound.
+	var idle []net.Conn
+	for range 4 {
+		c := dial()
+		require.Equal(t, http.StatusOK, healthzOn(t, c))
+		idle = append(idle, c)
+	}
+	require.Eventually(t, func() bool { return s.conns.idle.Load() == 4 }, 10*time.Second, time.Millisecond)
+	// A fifth is served, and the idle ones are closed to make room.
+	fifth := dial()
+	require.Equal(t, http.StatusOK, healthzOn(t, fifth))
+	for _, c := range idle {
+		require.True(t, connClosedWithin(t, c, 10*time.Second), "an idle connection stayed open past the bound")
+	}
+	require.NoError(t, fifth.Close())
+	require.Eventually(t, func() bool { return s.conns.open.Load() == 0 }, 10*time.Second, time.Millisecond)
+
+	// Connections that are not idle (opened, nothing sent) are not closed
+	// for a newcomer: past the bound it is refused, and counted.
+	for range 4 {
+		dial()
+	}
+	require.Eventually(t, func() bool { return s.conns.open.Load() >= 4 }, 10*time.Second, time.Millisecond)
+	refused := dial()
+	require.True(t, connClosedWithin(t, refused, 10*time.Second), "a connection past the bound was kept")
+	require.Equal(t, 1.0, counterValue(s, "kvsource_http_connections_refused_total"))
+}

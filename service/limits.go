@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,14 +18,17 @@ import (
 	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
-// Bounded work per request. A request the service admits holds one of
-// --max-inflight-requests slots from before its body is read until its
-// answer is written, so the memory and CPU of requests in flight are
-// bounded by that count times what one request may cost: a body of at most
-// bodyLimit bytes (derived from --max-tokens), identifiers of at most
-// MaxFieldBytes, and --request-timeout of work, which reading the body,
-// hashing and the lookup all stop at. Beyond the slots a request is answered
-// 503 with Retry-After at once, its body unread.
+// Bounded work per request. A request's body is read before it takes one
+// of --max-inflight-requests slots, so that a client sending its body
+// slowly holds no slot that a fast one needs; the bodies being read are
+// bounded together by --max-body-memory (counted as their bytes arrive, so a
+// slow body holds only what it sent) and each by bodyLimit bytes (derived
+// from --max-tokens) and --request-timeout, which reading, hashing and the
+// lookup all stop at. A request then holds its slot until its answer is
+// written: the CPU and memory of the work in flight are bounded by the slot
+// count times what one request may cost, identifiers of at most
+// MaxFieldBytes included. Beyond the slots, or past --max-body-memory, a
+// request is answered 503 with Retry-After at once.
 
 // Limits is the part of Config that bounds requests.
 type Limits struct {
@@ -37,6 +41,10 @@ type Limits struct {
 	// MaxTokens is the most tokens one prompt may have; the body limit of
 	// /v1/score and /v1/pick follows from it.
 	MaxTokens int
+	// MaxBodyMemory bounds the bytes of the request bodies being read and
+	// served at once; zero: DefaultMaxBodyMemory, or two bodies of
+	// MaxTokens when that is more.
+	MaxBodyMemory int64
 }
 
 const (
@@ -60,6 +68,8 @@ const (
 	smallBodyLimit = 64 << 10
 	// retryAfter is the Retry-After, in seconds, of a 503.
 	retryAfter = "1"
+	// DefaultMaxBodyMemory is --max-body-memory's default.
+	DefaultMaxBodyMemory = 256 << 20
 )
 
 // DefaultMaxInflight is --max-inflight-requests' default: two
@@ -78,6 +88,8 @@ func (l *Limits) flags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxInflight, "max-inflight-requests", DefaultMaxInflight(), "requests to /v1/score, /v1/pick and /v1/pods served at once; beyond, 503 with Retry-After; twice GOMAXPROCS unless set")
 	fs.DurationVar(&l.RequestTimeout, "request-timeout", DefaultRequestTimeout, "deadline of one request, body, hashing and lookup included; past it, 503; less than --http-write-timeout")
 	fs.IntVar(&l.MaxTokens, "max-tokens", DefaultMaxTokens, "most tokens per prompt; more is answered 413, and bodies are bounded to 12 bytes a token plus 1 MiB")
+	l.MaxBodyMemory = DefaultMaxBodyMemory
+	fs.Var((*sizeFlag)(&l.MaxBodyMemory), "max-body-memory", "bytes of request bodies read and served at once, counted as they arrive; past it, 503 with Retry-After (at least two bodies of --max-tokens)")
 }
 
 // check validates the limits against the server's write timeout: a request
@@ -90,6 +102,8 @@ func (l *Limits) check(writeTimeout time.Duration) error {
 		return fmt.Errorf("--max-tokens must be at least 1, got %d", l.MaxTokens)
 	case l.RequestTimeout <= 0:
 		return fmt.Errorf("--request-timeout must be positive, got %v", l.RequestTimeout)
+	case l.MaxBodyMemory < 2*bodyLimit(l.MaxTokens):
+		return fmt.Errorf("--max-body-memory (%s) must hold two bodies of --max-tokens (%s each)", formatSize(l.MaxBodyMemory), formatSize(bodyLimit(l.MaxTokens)))
 	case l.RequestTimeout >= writeTimeout:
 		return fmt.Errorf("--request-timeout (%v) must be less than --http-write-timeout (%v), or a late answer is cut off", l.RequestTimeout, writeTimeout)
 	}
@@ -98,10 +112,13 @@ func (l *Limits) check(writeTimeout time.Duration) error {
 
 // limitState is the service's state for its limits.
 type limitState struct {
-	slots    chan struct{}
-	rejected *prometheus.CounterVec
-	aborted  *prometheus.CounterVec
-	logs     [logKinds]ratelog.Gate // one line a second per kind
+	slots chan struct{}
+	// bodyBytes are the bytes of the bodies read and held now.
+	bodyBytes atomic.Int64
+	bodyHeld  prometheus.GaugeFunc
+	rejected  *prometheus.CounterVec
+	aborted   *prometheus.CounterVec
+	logs      [logKinds]ratelog.Gate // one line a second per kind
 }
 
 // The kinds of answerError's log lines, each limited on its own.
@@ -144,36 +161,27 @@ func (s *Service) initLimits() {
 		Name: "kvsource_http_aborted_total",
 		Help: "Answers that could not be written (the client gone or the write timeout passed), by path and the status they carried; kvsource_http_requests_total counts only answers written.",
 	}, []string{"path", "code"})
-	s.reg.MustRegister(s.lim.rejected, s.lim.aborted)
+	s.lim.bodyHeld = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_http_body_bytes",
+		Help: "Bytes of the request bodies being read and served, bounded by --max-body-memory."},
+		func() float64 { return float64(s.lim.bodyBytes.Load()) })
+	s.reg.MustRegister(s.lim.rejected, s.lim.aborted, s.lim.bodyHeld)
 }
 
 // limitedPaths are the endpoints whose work grows with the request or
 // the index, and which take a slot.
 var limitedPaths = map[string]bool{"/v1/score": true, "/v1/pick": true, "/v1/pods": true}
 
-// admit takes a slot for a request to path, bounds its body and sets its
-// deadline. It returns the request to serve and the function that releases
-// it, or false when it answered 503 because every slot is taken.
+// admit bounds the body of a request to path and sets its deadline. It
+// returns the request to serve and the function that ends it, or false when
+// it answered 413 for a body declared too large.
 func (s *Service) admit(w http.ResponseWriter, r *http.Request, path string) (*http.Request, func(), bool) {
-	release := func() {}
 	limit := int64(smallBodyLimit)
-	if limitedPaths[path] {
-		select {
-		case s.lim.slots <- struct{}{}:
-			release = func() { <-s.lim.slots }
-		default:
-			s.reject(w, path, rejectOverload, http.StatusServiceUnavailable,
-				fmt.Sprintf("overloaded: %d requests in flight (--max-inflight-requests), retry later", cap(s.lim.slots)))
-			return r, nil, false
-		}
-		if path != "/v1/pods" {
-			limit = bodyLimit(s.cfg.MaxTokens)
-		}
+	if path == "/v1/score" || path == "/v1/pick" {
+		limit = bodyLimit(s.cfg.MaxTokens)
 	}
 	if r.ContentLength > limit {
 		s.reject(w, path, rejectBodySize, http.StatusRequestEntityTooLarge,
 			fmt.Sprintf("request body too large: %d bytes, at most %d", r.ContentLength, limit))
-		release()
 		return r, nil, false
 	}
 	// The server's own ResponseWriter, not a recorder: through it the
@@ -190,7 +198,38 @@ func (s *Service) admit(w http.ResponseWriter, r *http.Request, path string) (*h
 		deadline = rd
 	}
 	_ = http.NewResponseController(w).SetReadDeadline(deadline)
-	return r.WithContext(ctx), func() { cancel(); release() }, true
+	return r.WithContext(ctx), cancel, true
+}
+
+// takeSlot takes a slot for a request to path whose work grows with the
+// request or the index, after its body is read. It returns the function that
+// releases it, or false when it answered 503 because every slot is taken.
+func (s *Service) takeSlot(w http.ResponseWriter, path string) (func(), bool) {
+	if !limitedPaths[path] {
+		return func() {}, true
+	}
+	select {
+	case s.lim.slots <- struct{}{}:
+		return func() { <-s.lim.slots }, true
+	default:
+		s.reject(w, path, rejectOverload, http.StatusServiceUnavailable,
+			fmt.Sprintf("overloaded: %d requests in flight (--max-inflight-requests), retry later", cap(s.lim.slots)))
+		return nil, false
+	}
+}
+
+// errBodyMemory is a body refused because the bodies being read already
+// hold --max-body-memory: answered 503, as an overload.
+var errBodyMemory = errors.New("overloaded: the request bodies being read hold --max-body-memory, retry later")
+
+// reserveBody counts n more bytes of bodies held, or refuses them past
+// --max-body-memory.
+func (s *Service) reserveBody(n int64) bool {
+	if s.lim.bodyBytes.Add(n) > s.cfg.MaxBodyMemory {
+		s.lim.bodyBytes.Add(-n)
+		return false
+	}
+	return true
 }
 
 // reject answers a request refused by a limit and counts it.
@@ -233,6 +272,8 @@ func (s *Service) classify(r *http.Request, err error) (int, string) {
 	// which is not the server's failure.
 	case errors.Is(err, context.Canceled) || errors.Is(r.Context().Err(), context.Canceled):
 		return statusClientClosed, rejectCanceled
+	case errors.Is(err, errBodyMemory):
+		return http.StatusServiceUnavailable, rejectOverload
 	case errors.As(err, &mb):
 		return http.StatusRequestEntityTooLarge, rejectBodySize
 	case errors.As(err, &tl):
@@ -257,6 +298,9 @@ func (s *Service) answerError(w http.ResponseWriter, r *http.Request, path strin
 		w.Header().Set("Retry-After", retryAfter)
 		msg = fmt.Sprintf("request timeout: not answered within %v (--request-timeout): %v", s.cfg.RequestTimeout, err)
 		kind, level, line = logTimeout, slog.LevelInfo, "kvsource serve: request timed out"
+	case reason == rejectOverload:
+		w.Header().Set("Retry-After", retryAfter)
+		kind, level, line = logTimeout, slog.LevelInfo, "kvsource serve: request refused, overloaded"
 	case reason == rejectCanceled:
 		kind, level, line = logCanceled, slog.LevelInfo, "kvsource serve: client gone before the answer"
 	case code == http.StatusBadRequest || code == http.StatusRequestEntityTooLarge:

@@ -24,10 +24,10 @@ import (
 func TestServeLimitFlagsDefaultAndValidate(t *testing.T) {
 	cfg, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, Limits{MaxInflight: 2 * runtime.GOMAXPROCS(0), RequestTimeout: 5 * time.Second, MaxTokens: 1 << 20}, cfg.Limits)
+	require.Equal(t, Limits{MaxInflight: 2 * runtime.GOMAXPROCS(0), RequestTimeout: 5 * time.Second, MaxTokens: 1 << 20, MaxBodyMemory: 256 << 20}, cfg.Limits)
 	cfg, err = parseFlags([]string{"--max-inflight-requests", "3", "--request-timeout", "250ms", "--max-tokens", "4096"}, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, Limits{MaxInflight: 3, RequestTimeout: 250 * time.Millisecond, MaxTokens: 4096}, cfg.Limits)
+	require.Equal(t, Limits{MaxInflight: 3, RequestTimeout: 250 * time.Millisecond, MaxTokens: 4096, MaxBodyMemory: 256 << 20}, cfg.Limits)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -36,6 +36,7 @@ func TestServeLimitFlagsDefaultAndValidate(t *testing.T) {
 		{[]string{"--max-tokens", "0"}, "--max-tokens must be at least 1"},
 		{[]string{"--request-timeout", "0s"}, "--request-timeout must be positive"},
 		{[]string{"--request-timeout", "30s"}, "must be less than --http-write-timeout"},
+		{[]string{"--max-body-memory", "20MiB"}, "--max-body-memory (20MiB) must hold two bodies of --max-tokens"},
 	} {
 		_, err := parseFlags(tc.args, io.Discard)
 		require.ErrorContains(t, err, tc.want, "%v", tc.args)
@@ -154,26 +155,9 @@ func TestServeRefusesTooManyTokensAndOversizeBodiesWith413(t *testing.T) {
 }
 
 func TestServeAnswers503WithRetryAfterBeyondTheRequestsInFlight(t *testing.T) {
-	// A timeout the test cannot reach on a loaded machine: the slot is
-	// held by a body that is not finished, not by a deadline.
-	s, base := startServe(t, "--max-inflight-requests", "1", "--request-timeout", "25s")
-	// A request whose body has not finished arriving holds the one slot.
-	pr, pw := io.Pipe()
-	first := make(chan int, 1)
-	go func() {
-		resp, err := http.Post(base+"/v1/score", "application/json", pr)
-		if err != nil {
-			first <- 0
-			return
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
-	_, err := pw.Write([]byte(`{"model":"m",`))
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return len(s.lim.slots) == 1 }, 10*time.Second, 5*time.Millisecond)
-
+	s, base := startServe(t, "--max-inflight-requests", "1")
+	// A request at work holds the one slot.
+	s.lim.slots <- struct{}{}
 	for _, path := range []string{"/v1/score", "/v1/pick"} {
 		resp, err := http.Post(base+path, "application/json", strings.NewReader(`{"model":"m","tokens":[1]}`))
 		require.NoError(t, err)
@@ -193,11 +177,84 @@ func TestServeAnswers503WithRetryAfterBeyondTheRequestsInFlight(t *testing.T) {
 	code, _ = call(t, "POST", base+"/v1/done", map[string]any{"request_id": "r"})
 	require.Equal(t, http.StatusOK, code)
 
-	_, err = pw.Write([]byte(`"tokens":[1]}`))
+	<-s.lim.slots
+	code, body := call(t, "POST", base+"/v1/score", map[string]any{"model": "m", "tokens": []uint32{1}})
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	require.Eventually(t, func() bool { return s.lim.bodyBytes.Load() == 0 }, 10*time.Second, time.Millisecond,
+		"a body's bytes are released with its answer")
+}
+
+// slowBody posts to url a body whose first part is sent at once and whose
+// rest waits for finish; the answer's status arrives on the channel.
+func slowBody(t *testing.T, url, first string) (finish func(rest string), status <-chan int) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	ch := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(url, "application/json", pr)
+		if err != nil {
+			ch <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		ch <- resp.StatusCode
+	}()
+	_, err := pw.Write([]byte(first))
 	require.NoError(t, err)
-	require.NoError(t, pw.Close())
-	require.Equal(t, http.StatusOK, <-first)
-	require.Eventually(t, func() bool { return len(s.lim.slots) == 0 }, 10*time.Second, 5*time.Millisecond)
+	return func(rest string) {
+		_, _ = pw.Write([]byte(rest))
+		_ = pw.Close()
+	}, ch
+}
+
+func TestServeSlowBodiesHoldNoSlotAFastClientNeeds(t *testing.T) {
+	// One slot, and eight clients sending their bodies slowly (slowloris):
+	// before, each held a slot from before its body was read, and a
+	// normal client got 503 on 50-100% of its requests.
+	s, base := startServe(t, "--max-inflight-requests", "1", "--request-timeout", "25s")
+	var finishes []func(string)
+	var statuses []<-chan int
+	for range 8 {
+		finish, status := slowBody(t, base+"/v1/score", `{"model":"m",`)
+		finishes, statuses = append(finishes, finish), append(statuses, status)
+	}
+	require.Eventually(t, func() bool { return s.lim.bodyBytes.Load() >= 8*int64(len(`{"model":"m",`)) }, 10*time.Second, 5*time.Millisecond)
+	for range 20 {
+		code, body := call(t, "POST", base+"/v1/score", map[string]any{"model": "m", "tokens": []uint32{1}})
+		require.Equal(t, http.StatusOK, code, "%s", body)
+	}
+	require.Zero(t, rejected(s, "/v1/score", rejectOverload))
+	for i, finish := range finishes {
+		// One at a time: the slot is released just after the answer.
+		require.Eventually(t, func() bool { return len(s.lim.slots) == 0 }, 10*time.Second, time.Millisecond)
+		finish(`"tokens":[1]}`)
+		require.Equal(t, http.StatusOK, <-statuses[i])
+	}
+	require.Eventually(t, func() bool { return s.lim.bodyBytes.Load() == 0 }, 10*time.Second, 5*time.Millisecond)
+}
+
+func TestServeBoundsTheBodiesBeingReadByMaxBodyMemory(t *testing.T) {
+	s, base := startServe(t, "--max-tokens", "1000", "--max-body-memory", "3MiB", "--request-timeout", "25s")
+	chunk := `{"model":"m","tokens_b64":"` + strings.Repeat("A", 1<<20) // 1 MiB sent, the body not done
+	var finishes []func(string)
+	var statuses []<-chan int
+	for range 2 {
+		finish, status := slowBody(t, base+"/v1/score", chunk)
+		finishes, statuses = append(finishes, finish), append(statuses, status)
+	}
+	require.Eventually(t, func() bool { return s.lim.bodyBytes.Load() >= 2<<20 }, 10*time.Second, 5*time.Millisecond)
+	// A third megabyte does not fit beside them: 503, as an overload.
+	finish, status := slowBody(t, base+"/v1/score", chunk)
+	finish("")
+	require.Equal(t, http.StatusServiceUnavailable, <-status)
+	require.Equal(t, 1.0, rejected(s, "/v1/score", rejectOverload))
+	require.LessOrEqual(t, s.lim.bodyBytes.Load(), int64(3<<20))
+	for i, finish := range finishes {
+		finish(`"}`)
+		require.NotZero(t, <-statuses[i])
+	}
+	require.Eventually(t, func() bool { return s.lim.bodyBytes.Load() == 0 }, 10*time.Second, 5*time.Millisecond)
 	code, body := call(t, "POST", base+"/v1/score", map[string]any{"model": "m", "tokens": []uint32{1}})
 	require.Equal(t, http.StatusOK, code, "%s", body)
 }

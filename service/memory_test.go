@@ -64,10 +64,10 @@ func TestServeIndexMemoryFlagSetsTheIndexBudget(t *testing.T) {
 	cfg, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, int64(2<<30), cfg.IndexMemory)
-	require.Equal(t, MemoryConfig{IndexMemory: 2 << 30, EventsMaxMessage: 16 << 20, EventsQueueMemory: 64 << 20}, cfg.MemoryConfig)
+	require.Equal(t, MemoryConfig{IndexMemory: 2 << 30, EventsMaxMessage: 16 << 20, EventsQueueMemory: 64 << 20, KeptPullsMemory: 64 << 20}, cfg.MemoryConfig)
 	cfg, err = parseFlags([]string{"--events-max-message", "1MiB", "--events-queue-memory", "8MiB"}, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, MemoryConfig{IndexMemory: 2 << 30, EventsMaxMessage: 1 << 20, EventsQueueMemory: 8 << 20}, cfg.MemoryConfig)
+	require.Equal(t, MemoryConfig{IndexMemory: 2 << 30, EventsMaxMessage: 1 << 20, EventsQueueMemory: 8 << 20, KeptPullsMemory: 64 << 20}, cfg.MemoryConfig)
 	for _, tc := range []struct {
 		args []string
 		want string

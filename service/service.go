@@ -49,6 +49,7 @@ type Service struct {
 
 	handler  http.Handler
 	http     *http.Server
+	conns    *connLimit
 	started  bool
 	stopSub  context.CancelFunc
 	subDone  chan error
@@ -156,8 +157,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	mux.HandleFunc("POST /v1/score", s.instrument("/v1/score", s.handleScore))
 	mux.HandleFunc("POST /v1/pick", s.instrument("/v1/pick", s.handlePick))
 	mux.HandleFunc("POST /v1/done", s.instrument("/v1/done", s.handleDone))
-	mux.HandleFunc("GET /v1/pods", s.instrument("/v1/pods", s.handlePods))
-	mux.HandleFunc("GET /healthz", s.instrument("/healthz", s.handleHealth))
+	mux.HandleFunc("GET /v1/pods", s.instrument("/v1/pods", noBody(s.handlePods)))
+	mux.HandleFunc("GET /healthz", s.instrument("/healthz", noBody(s.handleHealth)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	s.handler = s.muxErrors(mux)
 	// Without these a client that stalls mid-body, never reads its answer or
@@ -166,6 +167,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
 		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, IdleTimeout: cfg.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	s.conns = newConnLimit(cfg.MaxConnections, s.http)
+	s.reg.MustRegister(s.conns.refused, s.conns.gauge)
 	return s, nil
 }
 
@@ -201,8 +204,8 @@ func (s *Service) Start(ctx context.Context) error {
 // Serve serves Handler on ln with the configured connection timeouts until
 // Shutdown, and returns http.ErrServerClosed then, as http.Server.Serve does.
 func (s *Service) Serve(ln net.Listener) error {
-	s.log.Info("kvsource serve: serving HTTP", "http", ln.Addr().String())
-	return s.http.Serve(ln)
+	s.log.Info("kvsource serve: serving HTTP", "http", ln.Addr().String(), "max_connections", s.cfg.MaxConnections)
+	return s.http.Serve(limitListener{Listener: ln, c: s.conns})
 }
 
 // ListenAndServe listens on Config.HTTP and serves as Serve does.
@@ -345,24 +348,48 @@ func unseen(list []index.HolderModel, status []events.HolderStatus) []index.Hold
 // counts them by path and the status the client got, and turns handler
 // errors into JSON error responses: 400 for the client's mistakes, 413 for
 // a request over a size limit, 503 past the deadline, 500 otherwise.
-func (s *Service) instrument(path string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+func (s *Service) instrument(path string, h func(http.ResponseWriter, *http.Request, *bodyBuf) error) http.HandlerFunc {
 	// Series that exist before their first count can be alerted on.
 	s.lim.aborted.WithLabelValues(path, "200")
 	for _, reason := range rejectReasons {
 		s.lim.rejected.WithLabelValues(path, reason)
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		r, release, ok := s.admit(w, r, path)
+		r, end, ok := s.admit(w, r, path)
+		if !ok {
+			return
+		}
+		defer end()
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		b := getBuf()
+		defer func() {
+			s.lim.bodyBytes.Add(-b.held)
+			b.held = 0
+			putBuf(b)
+		}()
+		// The body first, without a slot (see Limits).
+		if r.Method == http.MethodPost {
+			if err := s.readBody(r, b); err != nil {
+				s.answerError(rec, r, path, err)
+				s.countAnswer(w, path, rec.code)
+				return
+			}
+		}
+		release, ok := s.takeSlot(w, path)
 		if !ok {
 			return
 		}
 		defer release()
-		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
-		if err := h(rec, r); err != nil {
+		if err := h(rec, r, b); err != nil {
 			s.answerError(rec, r, path, err)
 		}
 		s.countAnswer(w, path, rec.code)
 	}
+}
+
+// noBody is a handler of a GET for instrument.
+func noBody(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request, *bodyBuf) error {
+	return func(w http.ResponseWriter, r *http.Request, _ *bodyBuf) error { return h(w, r) }
 }
 
 // muxErrors answers what mux answers itself (a known path under another
@@ -421,11 +448,9 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
-func (s *Service) handleScore(w http.ResponseWriter, r *http.Request) error {
-	b := getBuf()
-	defer putBuf(b)
+func (s *Service) handleScore(w http.ResponseWriter, r *http.Request, b *bodyBuf) error {
 	var req ScoreRequest
-	if err := decodePrompt(r, b, &req, &req.Prompt); err != nil {
+	if err := decodePrompt(b, &req, &req.Prompt); err != nil {
 		return err
 	}
 	prompt, err := req.request()
@@ -477,11 +502,9 @@ func (s *Service) handleScore(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Service) handlePick(w http.ResponseWriter, r *http.Request) error {
-	b := getBuf()
-	defer putBuf(b)
+func (s *Service) handlePick(w http.ResponseWriter, r *http.Request, b *bodyBuf) error {
 	var req PickRequest
-	if err := decodePrompt(r, b, &req, &req.Prompt); err != nil {
+	if err := decodePrompt(b, &req, &req.Prompt); err != nil {
 		return err
 	}
 	prompt, err := req.request()
@@ -608,9 +631,9 @@ type DoneRequest struct {
 
 // handleDone releases the pull decided for a request id, so its source no
 // longer counts it in flight. Unreleased pulls expire after --inflight-ttl.
-func (s *Service) handleDone(w http.ResponseWriter, r *http.Request) error {
+func (s *Service) handleDone(w http.ResponseWriter, _ *http.Request, b *bodyBuf) error {
 	var req DoneRequest
-	if err := decodeJSON(r, &req); err != nil {
+	if err := decodeJSON(b.body, &req); err != nil {
 		return err
 	}
 	if req.RequestID == "" {

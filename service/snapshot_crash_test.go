@@ -139,7 +139,7 @@ type recorded struct {
 
 func recordSnapshot(s *Service, path string, h func(http.ResponseWriter, *http.Request) error) recorded {
 	rec := httptest.NewRecorder()
-	s.instrument(path, h)(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	s.instrument(path, noBody(h))(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	return recorded{rec.Code, rec.Body.Bytes()}
 }
 

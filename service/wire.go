@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -118,9 +119,9 @@ type notFound struct{ err error }
 func (n notFound) Error() string { return n.err.Error() }
 func (n notFound) Unwrap() error { return n.err }
 
-// decodeJSON decodes a POST body, which admit bounds.
-func decodeJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
+// decodeJSON decodes a POST body, which admit bounds and instrument reads.
+func decodeJSON(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return badRequest{fmt.Errorf("decoding request: %w", typeError(err, v))}
