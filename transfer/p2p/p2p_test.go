@@ -141,29 +141,6 @@ func TestExpiredPinsFailTheFetch(t *testing.T) {
 	require.ErrorIs(t, err, transfer.ErrFetchFailed, "the client saw a hit; the producer no longer had it")
 }
 
-func TestFetchedRoundRecordsExpire(t *testing.T) {
-	f := newFixture(t, fixtureOpts{stored: 1, producer: func(c *ProducerConfig) { c.PinTimeout = 30 * time.Millisecond }})
-	ctx := context.Background()
-	_, err := f.session.Lookup(ctx, []transfer.Key{testKey(0)})
-	require.NoError(t, err)
-	_, err = f.session.Fetch(ctx, []transfer.Key{testKey(0)}, []int{0})
-	require.NoError(t, err)
-	fetched := func() int {
-		f.prod.mu.Lock()
-		defer f.prod.mu.Unlock()
-		n := 0
-		for _, s := range f.prod.sessions {
-			s.mu.Lock()
-			n += len(s.fetched)
-			s.mu.Unlock()
-		}
-		return n
-	}
-	require.Equal(t, 1, fetched())
-	require.Eventually(t, func() bool { return fetched() == 0 }, 2*time.Second, 10*time.Millisecond,
-		"a long session does not accumulate one record per request")
-}
-
 func TestMismatchedConnectFailsTheHandshake(t *testing.T) {
 	tests := []struct {
 		name     string

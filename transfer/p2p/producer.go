@@ -174,13 +174,6 @@ func (p *Producer) sweep() {
 			for _, s := range ss {
 				s.mu.Lock()
 				stale := !s.acked && now.Sub(s.created) > p.cfg.HandshakeTimeout
-				// A duplicate fetch after this long finds no supply and
-				// fails the round, so the record is no longer needed.
-				for rk, at := range s.fetched {
-					if now.Sub(at) > p.cfg.PinTimeout {
-						delete(s.fetched, rk)
-					}
-				}
 				for rk, r := range s.rounds {
 					if r.running == nil && now.Sub(r.pinnedAt) > p.cfg.PinTimeout {
 						p.release(r)
@@ -203,7 +196,11 @@ type roundKey struct {
 	seq uint64
 }
 
-// round is the supply a (kv_request_id, round_seq) parked by its lookups.
+// round is the supply a (kv_request_id, round_seq) parked by its lookups,
+// and its transfer once fetched. A round is forgotten when it ends (its
+// transfer_done or abort_ack, an empty fetch, expired pins), so the same
+// round_seq may open a new round: vLLM's consumer restarts a request's
+// rounds at 0 on each load.
 type round struct {
 	supply   map[string]int // key -> pinned slot
 	pinnedAt time.Time
@@ -225,7 +222,6 @@ type peerSession struct {
 	remote     Remote
 	numBlocks  int
 	rounds     map[roundKey]*round
-	fetched    map[roundKey]time.Time // rounds already fetched, to refuse a second fetch
 	dead       bool
 }
 
@@ -299,7 +295,7 @@ func (p *Producer) onConnect(from string, m message) {
 		p.cfg.Logger.Warn("p2p producer: rejecting peer connect: identity is not host:port", "peer", from)
 		return
 	}
-	s := &peerSession{id: from, created: time.Now(), rounds: make(map[roundKey]*round), fetched: make(map[roundKey]time.Time)}
+	s := &peerSession{id: from, created: time.Now(), rounds: make(map[roundKey]*round)}
 	published := make(chan struct{})
 	d, err := p.ep.dial(from, func(ev zmq.Event) {
 		if ev == zmq.EVENT_DISCONNECTED {
@@ -441,11 +437,6 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 				delete(s.rounds, k)
 			}
 		}
-		for k := range s.fetched {
-			if k.req == rk.req {
-				delete(s.fetched, k)
-			}
-		}
 		s.mu.Unlock()
 		return
 	}
@@ -456,13 +447,11 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 			break
 		}
 	}
-	// A running round is fetched whether or not its record is still kept (an
-	// empty fetch or the sweep may have dropped it).
-	_, dup := s.fetched[rk]
-	if r := s.rounds[rk]; r != nil && r.running != nil {
-		dup = true
-	}
-	if bad == nil && dup {
+	// Only a round still open holds a fetch: one that ended was forgotten,
+	// and vLLM's consumer opens it again on the request's next load (its
+	// own producer, too, refuses a second fetch only while the round is
+	// open).
+	if r := s.rounds[rk]; bad == nil && r != nil && r.running != nil {
 		bad = fmt.Errorf("%w: duplicate fetch for round %d", ErrMalformed, rk.seq)
 	}
 	if bad != nil {
@@ -472,7 +461,6 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 		p.reap(s, "bad fetch", true)
 		return
 	}
-	s.fetched[rk] = time.Now()
 	r := s.rounds[rk]
 	src := make([]int, len(m.Keys))
 	dst := make([]int, len(m.Keys))

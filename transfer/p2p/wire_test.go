@@ -429,13 +429,6 @@ func TestProducerDropsSessionsThatBreakTheProtocol(t *testing.T) {
 			peer.expect(TypeLookupResp)
 			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{8}})
 		}},
-		{"duplicate fetch", func(peer *rawPeer) {
-			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
-			peer.expect(TypeLookupResp)
-			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
-			peer.expect(TypeTransferDone)
-			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
-		}},
 		{"duplicate connect after handshake", func(peer *rawPeer) {
 			peer.send(message{Type: TypeConnect, PeerID: peer.id, AgentMetadata: []byte("x"), NumBlocks: 1, BlockLen: testBlockLen, HashSeed: DefaultHashSeed})
 		}},
@@ -519,9 +512,10 @@ func TestClientMatchesUnknownIdentitiesOnlyToHandshakingSessions(t *testing.T) {
 	require.Nil(t, c.match("pod-e:9999"))
 }
 
-// A fetch of a round whose transfer still runs is a duplicate even after an
-// empty fetch dropped the round's fetched record; serving it would start a
-// second write on the same round.
+// A fetch of a round whose transfer still runs is a duplicate, even after an
+// empty fetch released the request's idle rounds; serving it would start a
+// second write on the same round. (Once the round ended, the same round_seq
+// is a new round: TestProducerServesAFinishedRoundAgainUnderTheSameRoundSeq.)
 func TestProducerDropsASecondFetchOfARunningRound(t *testing.T) {
 	plane := newGatedPlane()
 	p, store := newTestProducer(t, 1, func(c *ProducerConfig) { c.DataPlane = plane })
@@ -610,4 +604,69 @@ func TestMultiFrameMessagesAreCountedAndDropped(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return p.Stats().Frames == 1 }, 5*time.Second, 10*time.Millisecond)
 	require.Zero(t, p.Stats().Malformed, "a dropped message never reaches the decoder")
+}
+
+// vLLM's consumer drops a request's state when its load completes, so the
+// request's next load probes and fetches under round_seq 0 again. A round
+// the producer finished (transfer_done success or failure, or abort_ack)
+// may therefore be opened again under the same number, and leaves no
+// record behind.
+func TestProducerServesAFinishedRoundAgainUnderTheSameRoundSeq(t *testing.T) {
+	tests := []struct {
+		name   string
+		finish func(t *testing.T, peer *rawPeer, plane *gatedPlane)
+	}{
+		{"after a transfer", func(t *testing.T, peer *rawPeer, plane *gatedPlane) {
+			close(plane.release)
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
+			require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: true}, peer.expect(TypeTransferDone))
+		}},
+		{"after a failed fetch", func(t *testing.T, peer *rawPeer, plane *gatedPlane) {
+			close(plane.release)
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0), testKey(9)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(9)}, BlockIndexes: []uint64{0}})
+			require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: false}, peer.expect(TypeTransferDone))
+		}},
+		{"after an aborted fetch", func(t *testing.T, peer *rawPeer, plane *gatedPlane) {
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
+			plane.waitStarted(t)
+			peer.send(message{Type: TypeAbortFetch, KVRequestID: "r"})
+			peer.expect(TypeAbortAck)
+			close(plane.release)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plane := newGatedPlane()
+			p, store := newTestProducer(t, 2, func(c *ProducerConfig) { c.DataPlane = plane })
+			peer, mem := handshakeRaw(t, p, nil)
+			tt.finish(t, peer, plane)
+			require.Zero(t, openRounds(p, peer.id), "a finished round leaves no record")
+
+			// The request's next load, as vLLM's consumer sends it.
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(1)}})
+			require.Equal(t, []bool{true}, peer.expect(TypeLookupResp).Hits)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(1)}, BlockIndexes: []uint64{5}})
+			require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: true}, peer.expect(TypeTransferDone))
+			require.Equal(t, strings.Repeat("b", testBlockLen), string(mem[5*testBlockLen:6*testBlockLen]))
+			require.Zero(t, p.Stats().Malformed)
+			require.Zero(t, openRounds(p, peer.id))
+			require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+		})
+	}
+}
+
+// openRounds returns how many rounds p holds state for, for consumer id.
+func openRounds(p *Producer, id string) int {
+	p.mu.Lock()
+	s := p.sessions[id]
+	p.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.rounds)
 }
