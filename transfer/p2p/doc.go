@@ -41,7 +41,10 @@
 // passes), or when the data plane cannot load the peer's agent metadata.
 // The producer rejects with silence, so a consumer sees its handshake time
 // out (transfer.ErrHandshake); a Go client also checks the producer's
-// connect and fails at once with the reason when it can.
+// connect and fails at once with the reason when it can, as vLLM's consumer
+// does (its lookups then miss). That connect, sent before the check, is
+// therefore delivered before the producer closes the connection to a
+// rejected consumer, within ProducerConfig.RejectLinger.
 //
 // A lookup pins its hits for (kv_request_id, round_seq) and gets exactly
 // one lookup_resp with every key in the original order. A fetch names hits

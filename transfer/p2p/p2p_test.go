@@ -157,17 +157,28 @@ func TestMismatchedConnectFailsTheHandshake(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			client := func(c *ClientConfig) {
-				c.HandshakeTimeout = fastTimeout
+				// A mismatch the client can tell fails on the producer's
+				// connect, which must arrive although the producer rejected
+				// the client: the timeout never ends it.
+				c.HandshakeTimeout = time.Hour
+				if tt.slow {
+					c.HandshakeTimeout = fastTimeout
+				}
 				if tt.client != nil {
 					tt.client(c)
 				}
 			}
 			f := newFixture(t, fixtureOpts{producer: tt.producer, client: client, skipConnect: true})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
 			start := time.Now()
-			_, err := f.client.Connect(context.Background(), f.prod.ID())
+			_, err := f.client.Connect(ctx, f.prod.ID())
 			require.ErrorIs(t, err, transfer.ErrHandshake)
+			require.NotErrorIs(t, err, context.DeadlineExceeded)
 			if tt.slow {
 				require.GreaterOrEqual(t, time.Since(start), fastTimeout, "rejection is silence until the timeout")
+			} else {
+				require.ErrorContains(t, err, "peer's connect rejected")
 			}
 			require.Eventually(t, func() bool { return f.prod.Stats().Rejected == 1 }, time.Second, 5*time.Millisecond)
 			require.Zero(t, f.prod.Stats().Sessions)

@@ -26,6 +26,14 @@ type ProducerConfig struct {
 	// stop before abort_ack is sent anyway. Default 10 s, vLLM's
 	// _CANCEL_DRAIN_TIMEOUT_S.
 	CancelDrainTimeout time.Duration
+	// RejectLinger bounds how long the connection to a rejected consumer
+	// stays open to deliver the producer's connect, sent before the check:
+	// vLLM's consumer learns of a mismatch (seed, block_len, fingerprint)
+	// only from that connect, and then misses at once instead of retrying
+	// its lookups forever. A consumer that cannot be reached for this long
+	// never gets it; Close gives up at once. Default 5 s. (vLLM's own
+	// DEALERs linger without bound.)
+	RejectLinger time.Duration
 }
 
 // ProducerStats counts a Producer's work and what it refused.
@@ -83,6 +91,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.CancelDrainTimeout <= 0 {
 		cfg.CancelDrainTimeout = 10 * time.Second
 	}
+	if cfg.RejectLinger <= 0 {
+		cfg.RejectLinger = 5 * time.Second
+	}
 	reg, err := register(cfg.DataPlane, cfg.Store.Memory(), cfg.Store.BlockLen())
 	if err != nil {
 		return nil, fmt.Errorf("p2p producer: %w", err)
@@ -129,7 +140,7 @@ func (p *Producer) Close() error {
 	}
 	p.mu.Unlock()
 	for _, s := range ss {
-		p.reap(s, "producer closing", true)
+		p.reap(s, "producer closing", sayDisconnect)
 	}
 	close(p.stop)
 	p.wg.Wait()
@@ -184,7 +195,7 @@ func (p *Producer) sweep() {
 				}
 				s.mu.Unlock()
 				if stale {
-					p.reap(s, "handshake timed out", false)
+					p.reap(s, "handshake timed out", sayNothing)
 				}
 			}
 		}
@@ -238,7 +249,7 @@ func (p *Producer) onMessage(from string, data []byte) {
 		p.c.malformed.Add(1)
 		p.cfg.Logger.Warn("p2p producer: malformed message", "peer", from, "err", err)
 		if s != nil {
-			p.reap(s, "malformed message", true)
+			p.reap(s, "malformed message", sayDisconnect)
 		}
 		return
 	}
@@ -259,7 +270,7 @@ func (p *Producer) onMessage(from string, data []byte) {
 		if dup {
 			p.c.malformed.Add(1)
 			p.cfg.Logger.Warn("p2p producer: duplicate connect after handshake", "peer", from)
-			p.reap(s, "duplicate connect after handshake", true)
+			p.reap(s, "duplicate connect after handshake", sayDisconnect)
 		}
 	case TypeConnectAck:
 		s.mu.Lock()
@@ -279,7 +290,7 @@ func (p *Producer) onMessage(from string, data []byte) {
 	case TypeAbortFetch:
 		go p.onAbort(s, m)
 	case TypeDisconnect:
-		p.reap(s, "peer sent disconnect", false)
+		p.reap(s, "peer sent disconnect", sayNothing)
 	default:
 		p.c.ignored.Add(1)
 		p.cfg.Logger.Warn("p2p producer: ignored message", "peer", from, "type", m.Type)
@@ -299,10 +310,18 @@ func (p *Producer) onConnect(from string, m message) {
 	published := make(chan struct{})
 	d, err := p.ep.dial(from, func(ev zmq.Event) {
 		if ev == zmq.EVENT_DISCONNECTED {
+			s.mu.Lock()
+			dead := s.dead
+			s.mu.Unlock()
+			if dead {
+				// A rejected session's connection, kept to deliver our
+				// connect: it was not lost, it had ended.
+				return
+			}
 			p.c.lost.Add(1)
 			go func() {
 				<-published
-				p.reap(s, "connection lost", false)
+				p.reap(s, "connection lost", sayNothing)
 			}()
 		}
 	})
@@ -326,7 +345,7 @@ func (p *Producer) onConnect(from string, m message) {
 	reject := func(err error) {
 		p.c.rejected.Add(1)
 		p.cfg.Logger.Warn("p2p producer: rejecting peer connect", "peer", from, "err", err)
-		p.reap(s, "connect rejected", false)
+		p.reap(s, "connect rejected", deliverSent)
 	}
 	if err := checkConnect(m, p.reg, p.cfg.Endpoint); err != nil {
 		reject(err)
@@ -349,7 +368,7 @@ func (p *Producer) onConnect(from string, m message) {
 	s.remote, s.numBlocks, s.handshaken = remote, n, true
 	s.mu.Unlock()
 	if err := s.sendNow(message{Type: TypeConnectAck, PeerID: p.ep.id}); err != nil {
-		p.reap(s, "send connect_ack", false)
+		p.reap(s, "send connect_ack", sayNothing)
 		return
 	}
 	p.c.sessions.Add(1)
@@ -458,7 +477,7 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 		s.mu.Unlock()
 		p.c.malformed.Add(1)
 		p.cfg.Logger.Warn("p2p producer: bad fetch", "peer", s.id, "kv_request_id", rk.req, "round_seq", rk.seq, "err", bad)
-		p.reap(s, "bad fetch", true)
+		p.reap(s, "bad fetch", sayDisconnect)
 		return
 	}
 	r := s.rounds[rk]
@@ -557,10 +576,23 @@ func (p *Producer) onAbort(s *peerSession, m message) {
 	p.sendLocked(s, message{Type: TypeAbortAck, KVRequestID: rk.req, RoundSeq: rk.seq})
 }
 
+// farewell is what the end of a session still owes the consumer.
+type farewell int
+
+const (
+	// sayNothing: the consumer left, or never answered.
+	sayNothing farewell = iota
+	// sayDisconnect: a disconnect, best effort, as vLLM sends one.
+	sayDisconnect
+	// deliverSent: nothing new, but what was sent (our connect to a
+	// rejected consumer) is delivered before the connection closes, within
+	// RejectLinger.
+	deliverSent
+)
+
 // reap ends a session: running transfers are cancelled, pins released once
-// they stop, the peer unloaded and the dealer closed. With sendDisconnect
-// the consumer is told first (best effort).
-func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
+// they stop, the peer unloaded and the dealer closed, after the farewell.
+func (p *Producer) reap(s *peerSession, reason string, bye farewell) {
 	// p.mu is held across the Add so that Close, which takes p.mu before it
 	// waits, is ordered after every drain it must wait for.
 	p.mu.Lock()
@@ -587,7 +619,7 @@ func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
 	}
 	remote := s.remote
 	s.mu.Unlock()
-	if sendDisconnect {
+	if bye == sayDisconnect {
 		_ = s.sendNow(message{Type: TypeDisconnect})
 	}
 	p.cfg.Logger.Info("p2p producer: session ended", "peer", s.id, "reason", reason)
@@ -599,6 +631,10 @@ func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
 		if remote != nil {
 			_ = remote.Close()
 		}
-		s.d.close()
+		if bye == deliverSent {
+			s.d.closeFlushed(p.cfg.RejectLinger, p.stop)
+		} else {
+			s.d.close()
+		}
 	}()
 }
