@@ -43,16 +43,22 @@
 // passes), or when the data plane cannot load the peer's agent metadata.
 // The producer rejects with silence, so a consumer sees its handshake time
 // out (transfer.ErrHandshake); a Go client also checks the producer's
-// connect and fails at once with the reason when it can.
+// connect and fails at once with the reason when it can, as vLLM's consumer
+// does (its lookups then miss). That connect, sent before the check, is
+// therefore delivered before the producer closes the connection to a
+// rejected consumer, within ProducerConfig.RejectLinger.
 //
 // A lookup pins its hits for (kv_request_id, round_seq) and gets exactly
 // one lookup_resp with every key in the original order. A fetch names hits
 // of its round and destination block indexes; the producer writes each
 // block into the consumer's memory (descriptor index = block index) and
 // then sends transfer_done. A fetch naming a key not pinned in its round
-// gets transfer_done success=false at once. One fetch per round; the
-// client moves to the next round after each. An empty fetch ends the
-// request and releases its pins, with no reply. abort_fetch cancels the
+// gets transfer_done success=false at once. One fetch per open round: a
+// second one while its transfer runs drops the session, but a round that
+// ended (transfer_done, abort_ack) is forgotten and its round_seq may open
+// a new round, as vLLM's consumer does on a request's next load (it starts
+// again at 0). The Go client moves to the next round after each fetch. An
+// empty fetch ends the request and releases its pins, with no reply. abort_fetch cancels the
 // round's writes and is always answered by abort_ack. Pins not claimed
 // within ProducerConfig.PinTimeout are released.
 //

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -272,4 +274,88 @@ func (r *rawPeer) expect(typ string) message {
 	require.True(r.t, ok, "no %s", typ)
 	require.Equal(r.t, typ, m.Type)
 	return m
+}
+
+// gate is a TCP proxy to target that leaves the connections made to it
+// unaccepted (the kernel completes them, nothing is read) until open, and
+// then forwards them both ways.
+type gate struct {
+	ln     net.Listener
+	target string
+	opened chan struct{}
+	closed chan struct{}
+	once   sync.Once
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	done  bool // closed: a connection accepted now is closed at once
+	conns []net.Conn
+}
+
+func newGate(t *testing.T, target string) *gate {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := &gate{ln: ln, target: target, opened: make(chan struct{}), closed: make(chan struct{})}
+	g.wg.Add(1)
+	go g.serve()
+	t.Cleanup(g.close)
+	return g
+}
+
+func (g *gate) addr() string { return g.ln.Addr().String() }
+
+func (g *gate) open() { close(g.opened) }
+
+func (g *gate) serve() {
+	defer g.wg.Done()
+	select {
+	case <-g.opened:
+	case <-g.closed:
+		return
+	}
+	for {
+		in, err := g.ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.Dial("tcp", g.target)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		g.mu.Lock()
+		done := g.done
+		if !done {
+			g.conns = append(g.conns, in, out)
+		}
+		g.mu.Unlock()
+		if done {
+			in.Close()
+			out.Close()
+			return
+		}
+		for _, pair := range [][2]net.Conn{{in, out}, {out, in}} {
+			g.wg.Add(1)
+			go func() {
+				defer g.wg.Done()
+				_, _ = io.Copy(pair[0], pair[1])
+				// One side ended: so does the other direction.
+				pair[0].Close()
+				pair[1].Close()
+			}()
+		}
+	}
+}
+
+func (g *gate) close() {
+	g.once.Do(func() { close(g.closed) })
+	g.ln.Close()
+	g.mu.Lock()
+	g.done = true
+	for _, c := range g.conns {
+		c.Close()
+	}
+	g.mu.Unlock()
+	g.wg.Wait()
 }

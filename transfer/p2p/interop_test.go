@@ -55,6 +55,7 @@ func TestProducerServesAPythonConsumer(t *testing.T) {
 			Hits        []bool   `json:"hits"`
 		} `json:"lookup_resp"`
 		TransferDone  map[string]any `json:"transfer_done"`
+		SecondLoad    map[string]any `json:"second_load"`
 		UnpinnedFetch map[string]any `json:"unpinned_fetch"`
 		AbortAck      map[string]any `json:"abort_ack"`
 	}
@@ -72,12 +73,15 @@ func TestProducerServesAPythonConsumer(t *testing.T) {
 	require.Equal(t, []string{hex.EncodeToString(testKey(2)), hex.EncodeToString(testKey(0)), hex.EncodeToString(testKey(9))}, got.LookupResp.Keys)
 	require.Equal(t, []bool{true, true, false}, got.LookupResp.Hits)
 	require.Equal(t, map[string]any{"type": "transfer_done", "kv_request_id": "py-1", "success": true, "round_seq": float64(0)}, got.TransferDone)
-	require.Equal(t, map[string]any{"type": "transfer_done", "kv_request_id": "py-1", "success": false, "round_seq": float64(1)}, got.UnpinnedFetch)
+	require.Equal(t, map[string]any{"type": "transfer_done", "kv_request_id": "py-1", "success": true, "round_seq": float64(0)}, got.SecondLoad,
+		"the request's next load starts at round 0 again, as vLLM's consumer's does")
+	require.Equal(t, map[string]any{"type": "transfer_done", "kv_request_id": "py-1", "success": false, "round_seq": float64(0)}, got.UnpinnedFetch)
 	require.Equal(t, map[string]any{"type": "abort_ack", "kv_request_id": "py-unknown", "round_seq": float64(7)}, got.AbortAck)
 
 	plane.Sync()
 	require.Equal(t, string(repeat('c')), string(mem[:testBlockLen]), "key 2 into block 0")
 	require.Equal(t, string(repeat('a')), string(mem[testBlockLen:2*testBlockLen]), "key 0 into block 1")
+	require.Equal(t, string(repeat('c')), string(mem[2*testBlockLen:3*testBlockLen]), "key 2 again into block 2")
 	require.Eventually(t, func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()

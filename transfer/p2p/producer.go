@@ -28,6 +28,14 @@ type ProducerConfig struct {
 	// stop before abort_ack is sent anyway. Default 10 s, vLLM's
 	// _CANCEL_DRAIN_TIMEOUT_S.
 	CancelDrainTimeout time.Duration
+	// RejectLinger bounds how long the connection to a rejected consumer
+	// stays open to deliver the producer's connect, sent before the check:
+	// vLLM's consumer learns of a mismatch (seed, block_len, fingerprint)
+	// only from that connect, and then misses at once instead of retrying
+	// its lookups forever. A consumer that cannot be reached for this long
+	// never gets it; Close gives up at once. Default 5 s. (vLLM's own
+	// DEALERs linger without bound.)
+	RejectLinger time.Duration
 }
 
 // ProducerStats counts a Producer's work and what it refused.
@@ -85,6 +93,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.CancelDrainTimeout <= 0 {
 		cfg.CancelDrainTimeout = 10 * time.Second
 	}
+	if cfg.RejectLinger <= 0 {
+		cfg.RejectLinger = 5 * time.Second
+	}
 	reg, err := register(cfg.DataPlane, cfg.Store.Memory(), cfg.Store.BlockLen())
 	if err != nil {
 		return nil, fmt.Errorf("p2p producer: %w", err)
@@ -131,7 +142,7 @@ func (p *Producer) Close() error {
 	}
 	p.mu.Unlock()
 	for _, s := range ss {
-		p.reap(s, "producer closing", true)
+		p.reap(s, "producer closing", sayDisconnect)
 	}
 	close(p.stop)
 	p.wg.Wait()
@@ -176,13 +187,6 @@ func (p *Producer) sweep() {
 			for _, s := range ss {
 				s.mu.Lock()
 				stale := !s.acked && now.Sub(s.created) > p.cfg.HandshakeTimeout
-				// A duplicate fetch after this long finds no supply and
-				// fails the round, so the record is no longer needed.
-				for rk, at := range s.fetched {
-					if now.Sub(at) > p.cfg.PinTimeout {
-						delete(s.fetched, rk)
-					}
-				}
 				for rk, r := range s.rounds {
 					if r.running == nil && now.Sub(r.pinnedAt) > p.cfg.PinTimeout {
 						p.release(r)
@@ -193,7 +197,7 @@ func (p *Producer) sweep() {
 				}
 				s.mu.Unlock()
 				if stale {
-					p.reap(s, "handshake timed out", false)
+					p.reap(s, "handshake timed out", sayNothing)
 				}
 			}
 		}
@@ -205,7 +209,11 @@ type roundKey struct {
 	seq uint64
 }
 
-// round is the supply a (kv_request_id, round_seq) parked by its lookups.
+// round is the supply a (kv_request_id, round_seq) parked by its lookups,
+// and its transfer once fetched. A round is forgotten when it ends (its
+// transfer_done or abort_ack, an empty fetch, expired pins), so the same
+// round_seq may open a new round: vLLM's consumer restarts a request's
+// rounds at 0 on each load.
 type round struct {
 	supply   map[string]int // key -> pinned slot
 	pinnedAt time.Time
@@ -227,7 +235,6 @@ type peerSession struct {
 	remote     Remote
 	numBlocks  int
 	rounds     map[roundKey]*round
-	fetched    map[roundKey]time.Time // rounds already fetched, to refuse a second fetch
 	dead       bool
 }
 
@@ -244,7 +251,7 @@ func (p *Producer) onMessage(from string, data []byte) {
 		p.c.malformed.Add(1)
 		p.cfg.Logger.Warn("p2p producer: malformed message", "peer", from, "err", err)
 		if s != nil {
-			p.reap(s, "malformed message", true)
+			p.reap(s, "malformed message", sayDisconnect)
 		}
 		return
 	}
@@ -265,7 +272,7 @@ func (p *Producer) onMessage(from string, data []byte) {
 		if dup {
 			p.c.malformed.Add(1)
 			p.cfg.Logger.Warn("p2p producer: duplicate connect after handshake", "peer", from)
-			p.reap(s, "duplicate connect after handshake", true)
+			p.reap(s, "duplicate connect after handshake", sayDisconnect)
 		}
 	case TypeConnectAck:
 		s.mu.Lock()
@@ -285,7 +292,7 @@ func (p *Producer) onMessage(from string, data []byte) {
 	case TypeAbortFetch:
 		go p.onAbort(s, m)
 	case TypeDisconnect:
-		p.reap(s, "peer sent disconnect", false)
+		p.reap(s, "peer sent disconnect", sayNothing)
 	default:
 		p.c.ignored.Add(1)
 		p.cfg.Logger.Warn("p2p producer: ignored message", "peer", from, "type", m.Type)
@@ -301,14 +308,22 @@ func (p *Producer) onConnect(from string, m message) {
 		p.cfg.Logger.Warn("p2p producer: rejecting peer connect: identity is not host:port", "peer", from)
 		return
 	}
-	s := &peerSession{id: from, created: time.Now(), rounds: make(map[roundKey]*round), fetched: make(map[roundKey]time.Time)}
+	s := &peerSession{id: from, created: time.Now(), rounds: make(map[roundKey]*round)}
 	published := make(chan struct{})
 	d, err := p.ep.dial(from, func(ev zmq.Event) {
 		if ev == zmq.EVENT_DISCONNECTED {
+			s.mu.Lock()
+			dead := s.dead
+			s.mu.Unlock()
+			if dead {
+				// A rejected session's connection, kept to deliver our
+				// connect: it was not lost, it had ended.
+				return
+			}
 			p.c.lost.Add(1)
 			go func() {
 				<-published
-				p.reap(s, "connection lost", false)
+				p.reap(s, "connection lost", sayNothing)
 			}()
 		}
 	})
@@ -332,7 +347,7 @@ func (p *Producer) onConnect(from string, m message) {
 	reject := func(err error) {
 		p.c.rejected.Add(1)
 		p.cfg.Logger.Warn("p2p producer: rejecting peer connect", "peer", from, "err", err)
-		p.reap(s, "connect rejected", false)
+		p.reap(s, "connect rejected", deliverSent)
 	}
 	if err := checkConnect(m, p.reg, p.cfg.Endpoint); err != nil {
 		reject(err)
@@ -355,7 +370,7 @@ func (p *Producer) onConnect(from string, m message) {
 	s.remote, s.numBlocks, s.handshaken = remote, n, true
 	s.mu.Unlock()
 	if err := s.sendNow(message{Type: TypeConnectAck, PeerID: p.ep.id}); err != nil {
-		p.reap(s, "send connect_ack", false)
+		p.reap(s, "send connect_ack", sayNothing)
 		return
 	}
 	p.c.sessions.Add(1)
@@ -443,11 +458,6 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 				delete(s.rounds, k)
 			}
 		}
-		for k := range s.fetched {
-			if k.req == rk.req {
-				delete(s.fetched, k)
-			}
-		}
 		s.mu.Unlock()
 		return
 	}
@@ -458,23 +468,20 @@ func (p *Producer) onFetch(s *peerSession, m message) {
 			break
 		}
 	}
-	// A running round is fetched whether or not its record is still kept (an
-	// empty fetch or the sweep may have dropped it).
-	_, dup := s.fetched[rk]
-	if r := s.rounds[rk]; r != nil && r.running != nil {
-		dup = true
-	}
-	if bad == nil && dup {
+	// Only a round still open holds a fetch: one that ended was forgotten,
+	// and vLLM's consumer opens it again on the request's next load (its
+	// own producer, too, refuses a second fetch only while the round is
+	// open).
+	if r := s.rounds[rk]; bad == nil && r != nil && r.running != nil {
 		bad = fmt.Errorf("%w: duplicate fetch for round %d", ErrMalformed, rk.seq)
 	}
 	if bad != nil {
 		s.mu.Unlock()
 		p.c.malformed.Add(1)
 		p.cfg.Logger.Warn("p2p producer: bad fetch", "peer", s.id, "kv_request_id", rk.req, "round_seq", rk.seq, "err", bad)
-		p.reap(s, "bad fetch", true)
+		p.reap(s, "bad fetch", sayDisconnect)
 		return
 	}
-	s.fetched[rk] = time.Now()
 	r := s.rounds[rk]
 	src := make([]int, len(m.Keys))
 	dst := make([]int, len(m.Keys))
@@ -571,10 +578,23 @@ func (p *Producer) onAbort(s *peerSession, m message) {
 	p.sendLocked(s, message{Type: TypeAbortAck, KVRequestID: rk.req, RoundSeq: rk.seq})
 }
 
+// farewell is what the end of a session still owes the consumer.
+type farewell int
+
+const (
+	// sayNothing: the consumer left, or never answered.
+	sayNothing farewell = iota
+	// sayDisconnect: a disconnect, best effort, as vLLM sends one.
+	sayDisconnect
+	// deliverSent: nothing new, but what was sent (our connect to a
+	// rejected consumer) is delivered before the connection closes, within
+	// RejectLinger.
+	deliverSent
+)
+
 // reap ends a session: running transfers are cancelled, pins released once
-// they stop, the peer unloaded and the dealer closed. With sendDisconnect
-// the consumer is told first (best effort).
-func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
+// they stop, the peer unloaded and the dealer closed, after the farewell.
+func (p *Producer) reap(s *peerSession, reason string, bye farewell) {
 	// p.mu is held across the Add so that Close, which takes p.mu before it
 	// waits, is ordered after every drain it must wait for.
 	p.mu.Lock()
@@ -601,7 +621,7 @@ func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
 	}
 	remote := s.remote
 	s.mu.Unlock()
-	if sendDisconnect {
+	if bye == sayDisconnect {
 		_ = s.sendNow(message{Type: TypeDisconnect})
 	}
 	p.cfg.Logger.Info("p2p producer: session ended", "peer", s.id, "reason", reason)
@@ -613,6 +633,10 @@ func (p *Producer) reap(s *peerSession, reason string, sendDisconnect bool) {
 		if remote != nil {
 			_ = remote.Close()
 		}
-		s.d.close()
+		if bye == deliverSent {
+			s.d.closeFlushed(p.cfg.RejectLinger, p.stop)
+		} else {
+			s.d.close()
+		}
 	}()
 }

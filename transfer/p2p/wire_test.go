@@ -309,6 +309,13 @@ func TestLookupTimeoutEndsTheRequest(t *testing.T) {
 func rawConsumer(t *testing.T, p *Producer, mod func(*message)) (*rawPeer, []byte) {
 	t.Helper()
 	peer := newRawPeer(t, "127.0.0.1")
+	return peer, connectRaw(t, p, peer, mod)
+}
+
+// connectRaw sends peer's connect to producer p, with destination memory
+// registered in the in-process data plane, and returns the memory.
+func connectRaw(t *testing.T, p *Producer, peer *rawPeer, mod func(*message)) []byte {
+	t.Helper()
 	mem := make([]byte, 8*testBlockLen)
 	plane := NewInProcess()
 	md, err := plane.Register(mem, testBlockLen)
@@ -321,7 +328,7 @@ func rawConsumer(t *testing.T, p *Producer, mod func(*message)) (*rawPeer, []byt
 	}
 	peer.dial(p.ID())
 	peer.send(m)
-	return peer, mem
+	return mem
 }
 
 func newTestProducer(t *testing.T, stored int, mods ...func(*ProducerConfig)) (*Producer, *MemStore) {
@@ -396,6 +403,7 @@ func TestProducerRejectsAMismatchedConnectWithSilence(t *testing.T) {
 	}{
 		{"block length", func(m *message) { m.BlockLen = 64 }},
 		{"hash seed", func(m *message) { m.HashSeed = "1234" }},
+		{"config fingerprint", func(m *message) { m.ConfigFingerprint = "bbbbbbbbbbbbbbbb" }},
 		{"no blocks", func(m *message) { m.NumBlocks = 0 }},
 		{"a region whose size overflows", func(m *message) { m.NumBlocks = 1 << 57 }},
 		{"a region past the address space", func(m *message) { m.BaseAddr = 1<<64 - testBlockLen }},
@@ -403,19 +411,18 @@ func TestProducerRejectsAMismatchedConnectWithSilence(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, _ := newTestProducer(t, 1)
-			peer, _ := rawConsumer(t, p, tt.mod)
-			deadline := time.Now().Add(fastTimeout)
-			for time.Now().Before(deadline) {
-				_, m, ok := peer.recv(time.Until(deadline))
-				if ok {
-					require.Equal(t, TypeConnect, m.Type, "only the producer's own connect, sent before the check, may arrive")
-				}
-			}
+			p, _ := newTestProducer(t, 1, func(c *ProducerConfig) { c.ConfigFingerprint = "aaaaaaaaaaaaaaaa" })
+			peer, _ := rawConsumer(t, p, func(m *message) {
+				m.ConfigFingerprint = "aaaaaaaaaaaaaaaa"
+				tt.mod(m)
+			})
+			// Our connect, sent before the check, is how the consumer
+			// learns of the mismatch (TestProducerDeliversItsConnectToARejectedConsumer).
+			require.Equal(t, p.ID(), peer.expect(TypeConnect).PeerID)
+			_, m, ok := peer.recv(fastTimeout)
+			require.False(t, ok, "no connect_ack, no disconnect; got %s", m.Type)
 			require.Equal(t, uint64(1), p.Stats().Rejected)
-			p.mu.Lock()
-			require.Empty(t, p.sessions, "the rejected session is dead")
-			p.mu.Unlock()
+			require.Zero(t, producerSessions(p), "the rejected session is dead")
 		})
 	}
 }
@@ -430,13 +437,6 @@ func TestProducerDropsSessionsThatBreakTheProtocol(t *testing.T) {
 			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
 			peer.expect(TypeLookupResp)
 			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{8}})
-		}},
-		{"duplicate fetch", func(peer *rawPeer) {
-			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
-			peer.expect(TypeLookupResp)
-			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
-			peer.expect(TypeTransferDone)
-			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
 		}},
 		{"duplicate connect after handshake", func(peer *rawPeer) {
 			peer.send(message{Type: TypeConnect, PeerID: peer.id, AgentMetadata: []byte("x"), NumBlocks: 1, BlockLen: testBlockLen, HashSeed: DefaultHashSeed})
@@ -521,9 +521,10 @@ func TestClientMatchesUnknownIdentitiesOnlyToHandshakingSessions(t *testing.T) {
 	require.Nil(t, c.match("pod-e:9999"))
 }
 
-// A fetch of a round whose transfer still runs is a duplicate even after an
-// empty fetch dropped the round's fetched record; serving it would start a
-// second write on the same round.
+// A fetch of a round whose transfer still runs is a duplicate, even after an
+// empty fetch released the request's idle rounds; serving it would start a
+// second write on the same round. (Once the round ended, the same round_seq
+// is a new round: TestProducerServesAFinishedRoundAgainUnderTheSameRoundSeq.)
 func TestProducerDropsASecondFetchOfARunningRound(t *testing.T) {
 	plane := newGatedPlane()
 	p, store := newTestProducer(t, 1, func(c *ProducerConfig) { c.DataPlane = plane })
@@ -612,4 +613,152 @@ func TestMultiFrameMessagesAreCountedAndDropped(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return p.Stats().Frames == 1 }, 5*time.Second, 10*time.Millisecond)
 	require.Zero(t, p.Stats().Malformed, "a dropped message never reaches the decoder")
+}
+
+// vLLM's consumer drops a request's state when its load completes, so the
+// request's next load probes and fetches under round_seq 0 again. A round
+// the producer finished (transfer_done success or failure, or abort_ack)
+// may therefore be opened again under the same number, and leaves no
+// record behind.
+func TestProducerServesAFinishedRoundAgainUnderTheSameRoundSeq(t *testing.T) {
+	tests := []struct {
+		name   string
+		finish func(t *testing.T, peer *rawPeer, plane *gatedPlane)
+	}{
+		{"after a transfer", func(t *testing.T, peer *rawPeer, plane *gatedPlane) {
+			close(plane.release)
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
+			require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: true}, peer.expect(TypeTransferDone))
+		}},
+		{"after a failed fetch", func(t *testing.T, peer *rawPeer, plane *gatedPlane) {
+			close(plane.release)
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0), testKey(9)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(9)}, BlockIndexes: []uint64{0}})
+			require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: false}, peer.expect(TypeTransferDone))
+		}},
+		{"after an aborted fetch", func(t *testing.T, peer *rawPeer, plane *gatedPlane) {
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
+			peer.expect(TypeLookupResp)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{0}})
+			plane.waitStarted(t)
+			peer.send(message{Type: TypeAbortFetch, KVRequestID: "r"})
+			peer.expect(TypeAbortAck)
+			close(plane.release)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plane := newGatedPlane()
+			p, store := newTestProducer(t, 2, func(c *ProducerConfig) { c.DataPlane = plane })
+			peer, mem := handshakeRaw(t, p, nil)
+			tt.finish(t, peer, plane)
+			require.Zero(t, openRounds(p, peer.id), "a finished round leaves no record")
+
+			// The request's next load, as vLLM's consumer sends it.
+			peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(1)}})
+			require.Equal(t, []bool{true}, peer.expect(TypeLookupResp).Hits)
+			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(1)}, BlockIndexes: []uint64{5}})
+			require.Equal(t, message{Type: TypeTransferDone, KVRequestID: "r", Success: true}, peer.expect(TypeTransferDone))
+			require.Equal(t, strings.Repeat("b", testBlockLen), string(mem[5*testBlockLen:6*testBlockLen]))
+			require.Zero(t, p.Stats().Malformed)
+			require.Zero(t, openRounds(p, peer.id))
+			require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+		})
+	}
+}
+
+// openRounds returns how many rounds p holds state for, for consumer id.
+func openRounds(p *Producer, id string) int {
+	p.mu.Lock()
+	s := p.sessions[id]
+	p.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.rounds)
+}
+
+// vLLM's consumer learns that the producer rejected it only from the
+// producer's own connect, sent before the check: it then turns its lookups
+// into misses; without it they stay RETRY forever. The gate holds the
+// producer's dial-back unaccepted until the producer has rejected the
+// consumer and ended the session, so a connect discarded when the session's
+// connection is closed at once (LINGER 0) is lost every time instead of in
+// some runs.
+func TestProducerDeliversItsConnectToARejectedConsumer(t *testing.T) {
+	tests := []struct {
+		name     string
+		producer func(*ProducerConfig)
+		mod      func(*message)
+	}{
+		{"block length", nil, func(m *message) { m.BlockLen = 64 }},
+		{"hash seed", nil, func(m *message) { m.HashSeed = "1234" }},
+		{"config fingerprint", func(c *ProducerConfig) { c.ConfigFingerprint = "aaaaaaaaaaaaaaaa" },
+			func(m *message) { m.ConfigFingerprint = "bbbbbbbbbbbbbbbb" }},
+		{"unknown agent", nil, func(m *message) { m.AgentMetadata = []byte("kvsource-inproc/nobody") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var mods []func(*ProducerConfig)
+			if tt.producer != nil {
+				mods = append(mods, tt.producer)
+			}
+			p, _ := newTestProducer(t, 1, mods...)
+			peer := newRawPeer(t, "127.0.0.1")
+			g := newGate(t, "127.0.0.1:"+peer.id[strings.LastIndexByte(peer.id, ':')+1:])
+			peer.id = g.addr()
+			connectRaw(t, p, peer, tt.mod)
+			require.Eventually(t, func() bool { return p.Stats().Rejected == 1 && producerSessions(p) == 0 },
+				5*time.Second, 5*time.Millisecond, "the producer rejects the consumer and ends the session")
+			g.open()
+			from, m, ok := peer.recv(5 * time.Second)
+			require.True(t, ok, "the producer's connect never arrived")
+			require.Equal(t, p.ID(), from)
+			require.Equal(t, TypeConnect, m.Type)
+			require.Equal(t, uint64(testBlockLen), m.BlockLen, "the consumer can tell what differs")
+			require.Zero(t, p.Stats().Sessions)
+		})
+	}
+}
+
+// producerSessions returns how many sessions p holds.
+func producerSessions(p *Producer) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sessions)
+}
+
+// A rejected consumer that cannot be reached does not keep the producer's
+// connection open past RejectLinger, nor hold up Close.
+func TestProducerGivesUpOnAnUnreachableRejectedConsumer(t *testing.T) {
+	rejectUnreachable := func(t *testing.T, linger time.Duration) *Producer {
+		t.Helper()
+		p, _ := newTestProducer(t, 1, func(c *ProducerConfig) { c.RejectLinger = linger })
+		peer := newRawPeer(t, "127.0.0.1")
+		peer.id = newGate(t, "127.0.0.1:1").addr() // never opened
+		connectRaw(t, p, peer, func(m *message) { m.HashSeed = "1234" })
+		require.Eventually(t, func() bool { return p.Stats().Rejected == 1 }, 5*time.Second, 5*time.Millisecond)
+		return p
+	}
+	t.Run("after RejectLinger", func(t *testing.T) {
+		p := rejectUnreachable(t, 50*time.Millisecond)
+		require.Eventually(t, func() bool { return producerDealers(p) == 0 }, 5*time.Second, 5*time.Millisecond)
+		require.Zero(t, p.Stats().Lost, "a rejected session is not lost")
+	})
+	t.Run("at Close", func(t *testing.T) {
+		p := rejectUnreachable(t, time.Hour)
+		require.Equal(t, 1, producerDealers(p), "still trying to deliver")
+		closed := make(chan error, 1)
+		go func() { closed <- p.Close() }()
+		require.NoError(t, receive(t, closed))
+	})
+}
+
+// producerDealers returns how many DEALERs p has open.
+func producerDealers(p *Producer) int {
+	p.ep.mu.Lock()
+	defer p.ep.mu.Unlock()
+	return len(p.ep.dealers)
 }
