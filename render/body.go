@@ -2,7 +2,6 @@ package render
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 )
@@ -36,12 +35,10 @@ type bodyInfo struct {
 	members     bool
 }
 
-// errBody is wrapped by the scanner's errors; the client reports them as
-// ErrBadRequest.
-var errBody = errors.New("body")
-
+// bodyErr is a scanner's error: the client reports a body's as
+// ErrBadRequest, an answer's as ErrBadResponse.
 func bodyErr(i int, format string, args ...any) error {
-	return fmt.Errorf("%w: offset %d: %s", errBody, i, fmt.Sprintf(format, args...))
+	return fmt.Errorf("offset %d: %s", i, fmt.Sprintf(format, args...))
 }
 
 // scanBody checks that b is one JSON object (white space around it

@@ -283,7 +283,10 @@ func TestScanTokensAgreesWithEncodingJSON(t *testing.T) {
 		if json.Unmarshal(b, &raw) != nil {
 			continue // the scanner only sees what encoding/json validated
 		}
-		got, err := scanTokens(raw)
+		got, end, err := scanTokens(raw, 0)
+		if err == nil && trailing(raw, end) != nil {
+			err = fmt.Errorf("data after the array")
+		}
 		if refErr != nil {
 			require.Error(t, err, "%s", b)
 			continue

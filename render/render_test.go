@@ -201,7 +201,10 @@ func TestBadAnswersAreErrBadResponse(t *testing.T) {
 	for _, tc := range []struct {
 		name, chat, completions, why string
 	}{
-		{"malformed JSON", `{"token_ids":[1,2`, `[{"token_ids":[1,2]`, "unexpected end"},
+		{"malformed JSON", `{"token_ids":[1,2`, `[{"token_ids":[1,2]`, "unterminated"},
+		{"malformed JSON in another member", `{"token_ids":[1],"sampling_params":{"n":1,}}`, `[{"token_ids":[1],"x":tru}]`, "offset"},
+		{"a token with a leading zero", `{"token_ids":[01]}`, `[{"token_ids":[1,00]}]`, "no non-negative integer"},
+		{"trailing data", `{"token_ids":[1]} x`, `[{"token_ids":[1]}],`, "data after"},
 		{"not JSON", `<html>`, `<html>`, "want a JSON"},
 		{"empty", ``, ``, "empty body"},
 		{"the other endpoint's shape", `[{"token_ids":[1]}]`, `{"token_ids":[1]}`, "want a JSON"},

@@ -12,19 +12,10 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 )
 
-// wireRendered is the part of vLLM's GenerateRequest (the render answer,
-// vllm/entrypoints/scale_out/token_in_token_out/protocol.py) the client
-// reads. Everything else (sampling_params, token_offsets, the multimodal
-// tensors in features.kwargs_data, ...) is skipped.
-type wireRendered struct {
-	// TokenIDs is scanned by scanTokens rather than by encoding/json: it is
-	// nearly all of an answer's bytes.
-	TokenIDs  json.RawMessage `json:"token_ids"`
-	Features  *wireFeatures   `json:"features"`
-	CacheSalt *string         `json:"cache_salt"`
-	Model     *string         `json:"model"`
-}
-
+// wireFeatures is the part of vLLM's GenerateRequest.features (the render
+// answer, vllm/entrypoints/scale_out/token_in_token_out/protocol.py) the
+// client reads; the multimodal tensors (kwargs_data, mm_metadata) are
+// skipped.
 type wireFeatures struct {
 	MMHashes       map[string][]string          `json:"mm_hashes"`
 	MMPlaceholders map[string][]wirePlaceholder `json:"mm_placeholders"`
@@ -45,75 +36,141 @@ func answerErr(format string, args ...any) error {
 
 // parseAnswer decodes a render answer: a JSON array of GenerateRequests for
 // the completions endpoint (one per prompt), one GenerateRequest object for
-// the chat endpoint. It checks what vLLM's own validators promise, so that
-// a broken or hostile backend cannot hand the hasher impossible items: at
-// least one non-negative uint32 token, the same modalities and item counts
-// in mm_hashes and mm_placeholders, placeholders inside the prompt, of
-// positive length and not overlapping.
+// the chat endpoint. The body scanner validates it and skips what the
+// client does not read (sampling_params, token_offsets, the tensors);
+// token_ids, nearly all of an answer's bytes, is read by scanTokens, and
+// only features goes to encoding/json. It checks what vLLM's own
+// validators promise, so that a broken or hostile backend cannot hand the
+// hasher impossible items: at least one uint32 token, the same modalities
+// and item counts in mm_hashes and mm_placeholders, placeholders inside
+// the prompt, of positive length and not overlapping.
 func parseAnswer(data []byte, array bool) ([]Rendered, error) {
-	data = bytes.TrimSpace(data)
-	if len(data) == 0 {
+	i := skipWS(data, 0)
+	if i >= len(data) {
 		return nil, answerErr("empty body")
 	}
-	var wires []wireRendered
-	if array {
-		if data[0] != '[' {
-			return nil, answerErr("want a JSON array of rendered prompts, got %s", describe(data[0]))
+	var out []Rendered
+	if !array {
+		if data[i] != '{' {
+			return nil, answerErr("want a JSON object, got %s", describe(data[i]))
 		}
-		if err := json.Unmarshal(data, &wires); err != nil {
-			return nil, answerErr("%v", err)
-		}
-		if len(wires) == 0 {
-			return nil, answerErr("no rendered prompt")
-		}
-	} else {
-		if data[0] != '{' {
-			return nil, answerErr("want a JSON object, got %s", describe(data[0]))
-		}
-		wires = make([]wireRendered, 1)
-		if err := json.Unmarshal(data, &wires[0]); err != nil {
-			return nil, answerErr("%v", err)
-		}
-	}
-	out := make([]Rendered, len(wires))
-	for i := range wires {
-		r, err := wires[i].rendered()
+		r, end, err := parseRendered(data, i)
 		if err != nil {
-			if array {
-				return nil, fmt.Errorf("prompt %d: %w", i, err)
-			}
 			return nil, err
 		}
-		out[i] = r
+		out = []Rendered{r}
+		i = end
+	} else {
+		if data[i] != '[' {
+			return nil, answerErr("want a JSON array of rendered prompts, got %s", describe(data[i]))
+		}
+		i = skipWS(data, i+1)
+		if i < len(data) && data[i] == ']' {
+			return nil, answerErr("no rendered prompt")
+		}
+		for {
+			if i >= len(data) || data[i] != '{' {
+				if i >= len(data) {
+					return nil, answerErr("offset %d: unterminated array", i)
+				}
+				return nil, answerErr("prompt %d: want a JSON object, got %s", len(out), describe(data[i]))
+			}
+			r, end, err := parseRendered(data, i)
+			if err != nil {
+				return nil, fmt.Errorf("prompt %d: %w", len(out), err)
+			}
+			out = append(out, r)
+			i = skipWS(data, end)
+			if i >= len(data) {
+				return nil, answerErr("offset %d: unterminated array", i)
+			}
+			if data[i] == ']' {
+				i++
+				break
+			}
+			if data[i] != ',' {
+				return nil, answerErr("offset %d: want ',' or ']' after a prompt, got %s", i, describe(data[i]))
+			}
+			i = skipWS(data, i+1)
+		}
+	}
+	if err := trailing(data, i); err != nil {
+		return nil, answerErr("%v", err)
 	}
 	return out, nil
 }
 
-func (w *wireRendered) rendered() (Rendered, error) {
-	if w.TokenIDs == nil {
-		return Rendered{}, answerErr("no token_ids")
+// parseRendered reads the GenerateRequest object at data[i] == '{' and
+// returns the offset past it.
+func parseRendered(data []byte, i int) (Rendered, int, error) {
+	var r Rendered
+	var tokens []uint32
+	var feats []byte
+	seenTokens := false
+	i = skipWS(data, i+1)
+	if i < len(data) && data[i] == '}' {
+		return r, i, answerErr("no token_ids")
 	}
-	tokens, err := scanTokens(w.TokenIDs)
-	if err != nil {
-		return Rendered{}, err
+	for {
+		name, vs, err := member(data, i)
+		if err != nil {
+			return r, i, answerErr("%v", err)
+		}
+		var ve int
+		switch name {
+		case "token_ids":
+			seenTokens = true
+			tokens, ve, err = scanTokens(data, vs)
+		case "model":
+			r.Model, ve, err = optString(data, vs, "model")
+		case "cache_salt":
+			r.saltEchoed = vs < len(data) && data[vs] == '"'
+			r.Request.CacheSalt, ve, err = optString(data, vs, "cache_salt")
+		case "features":
+			ve, err = skipValue(data, vs, 2)
+			feats = data[vs:ve]
+		default:
+			ve, err = skipValue(data, vs, 2)
+		}
+		if err != nil {
+			if errors.Is(err, errAnswer) {
+				return r, i, err
+			}
+			return r, i, answerErr("%v", err)
+		}
+		i = skipWS(data, ve)
+		if i >= len(data) {
+			return r, i, answerErr("offset %d: unterminated object", i)
+		}
+		if data[i] == '}' {
+			break
+		}
+		if data[i] != ',' {
+			return r, i, answerErr("offset %d: want ',' or '}' after a member, got %s", i, describe(data[i]))
+		}
+		i = skipWS(data, i+1)
 	}
-	if len(tokens) == 0 {
-		return Rendered{}, answerErr("token_ids is empty")
+	end := i + 1
+	switch {
+	case !seenTokens:
+		return r, end, answerErr("no token_ids")
+	case tokens == nil:
+		return r, end, answerErr("token_ids is null")
+	case len(tokens) == 0:
+		return r, end, answerErr("token_ids is empty")
 	}
-	r := Rendered{Request: hashing.Request{Tokens: tokens}}
-	if w.Model != nil {
-		r.Model = *w.Model
-	}
-	if w.CacheSalt != nil {
-		r.Request.CacheSalt = *w.CacheSalt
-		r.saltEchoed = true
-	}
-	if w.Features != nil {
-		if r.Request.MM, err = w.Features.items(len(tokens)); err != nil {
-			return Rendered{}, err
+	r.Request.Tokens = tokens
+	if len(feats) > 0 && feats[0] != 'n' {
+		var f wireFeatures
+		if err := json.Unmarshal(feats, &f); err != nil {
+			return r, end, answerErr("features: %v", err)
+		}
+		var err error
+		if r.Request.MM, err = f.items(len(tokens)); err != nil {
+			return r, end, err
 		}
 	}
-	return r, nil
+	return r, end, nil
 }
 
 // items flattens the per-modality hashes and placeholders into the
@@ -173,55 +230,62 @@ func (f *wireFeatures) items(tokens int) ([]hashing.MMItem, error) {
 	return items, nil
 }
 
-// scanTokens reads token_ids, a JSON array of integers from 0 to
-// math.MaxUint32 (encoding/json has already checked the value's syntax),
-// without encoding/json's reflection over every element.
-func scanTokens(raw []byte) ([]uint32, error) {
-	i := skipWS(raw, 0)
-	if i >= len(raw) || raw[i] != '[' {
-		if i < len(raw) && raw[i] == 'n' {
-			return nil, answerErr("token_ids is null")
-		}
-		what := "nothing"
-		if i < len(raw) {
-			what = describe(raw[i])
-		}
-		return nil, answerErr("token_ids: want an array of integers, got %s", what)
+// scanTokens reads the token_ids value at data[i]: null (nil), or an
+// array of integers from 0 to math.MaxUint32 in JSON's grammar (no leading
+// zeros, fractions or exponents), without encoding/json's reflection over
+// every element. It returns the offset past the value.
+func scanTokens(data []byte, i int) ([]uint32, int, error) {
+	if i < len(data) && data[i] == 'n' {
+		end, err := literal(data, i, "null")
+		return nil, end, err
 	}
-	// About 6 bytes a token ("12345,"): allocate once.
-	out := make([]uint32, 0, len(raw)/6+1)
-	i = skipWS(raw, i+1)
-	if i < len(raw) && raw[i] == ']' {
-		return out, nil
+	if i >= len(data) || data[i] != '[' {
+		what := "nothing"
+		if i < len(data) {
+			what = describe(data[i])
+		}
+		return nil, i, answerErr("token_ids: want an array of integers, got %s", what)
+	}
+	// Allocate once, for as many tokens as the array has commas and one:
+	// the first ']' ends it, since no valid token has one.
+	n := 1
+	if j := bytes.IndexByte(data[i:], ']'); j > 0 {
+		n += bytes.Count(data[i:i+j], []byte{','})
+	}
+	out := make([]uint32, 0, n)
+	i = skipWS(data, i+1)
+	if i < len(data) && data[i] == ']' {
+		return out, i + 1, nil
 	}
 	for {
 		start := i
 		var v uint64
-		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
-			v = v*10 + uint64(raw[i]-'0')
+		for i < len(data) && data[i] >= '0' && data[i] <= '9' {
+			v = v*10 + uint64(data[i]-'0')
 			if v > math.MaxUint32 {
-				return nil, answerErr("token_ids[%d] does not fit a uint32", len(out))
+				return nil, i, answerErr("token_ids[%d] does not fit a uint32", len(out))
 			}
 			i++
 		}
-		if i == start || (i < len(raw) && (raw[i] == '.' || raw[i] == 'e' || raw[i] == 'E')) {
-			if start < len(raw) && raw[start] == '-' {
-				return nil, answerErr("token_ids[%d] is negative", len(out))
-			}
-			return nil, answerErr("token_ids[%d] is no non-negative integer", len(out))
+		switch {
+		case i == start && i < len(data) && data[i] == '-':
+			return nil, i, answerErr("token_ids[%d] is negative", len(out))
+		case i == start, i < len(data) && (data[i] == '.' || data[i] == 'e' || data[i] == 'E'),
+			i-start > 1 && data[start] == '0':
+			return nil, i, answerErr("token_ids[%d] is no non-negative integer", len(out))
 		}
 		out = append(out, uint32(v))
-		i = skipWS(raw, i)
-		if i >= len(raw) {
-			return nil, answerErr("token_ids: unterminated array")
+		i = skipWS(data, i)
+		if i >= len(data) {
+			return nil, i, answerErr("token_ids: unterminated array")
 		}
-		switch raw[i] {
+		switch data[i] {
 		case ',':
-			i = skipWS(raw, i+1)
+			i = skipWS(data, i+1)
 		case ']':
-			return out, nil
+			return out, i + 1, nil
 		default:
-			return nil, answerErr("token_ids: want ',' or ']' after token %d", len(out)-1)
+			return nil, i, answerErr("token_ids: want ',' or ']' after token %d, got %s", len(out)-1, describe(data[i]))
 		}
 	}
 }
