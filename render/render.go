@@ -443,7 +443,10 @@ func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *b
 			err: fmt.Errorf("answer of %d bytes exceeds Config.MaxResponseBytes (%d)", resp.ContentLength, limit)}
 	}
 	buf := c.buffer()
-	defer c.bufs.Put(buf)
+	defer c.release(buf)
+	if resp.ContentLength > 0 {
+		buf.Grow(int(resp.ContentLength) + 1) // ReadFrom wants room to see EOF
+	}
 	n, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return nil, c.transportErr(ctx, rctx, endpoint, resp.StatusCode, timeout, fmt.Errorf("reading the answer: %w", err))
@@ -472,17 +475,23 @@ func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *b
 	return rs, nil
 }
 
-// buffer returns a pooled buffer for an answer; done with it, it goes back
-// only when it is of ordinary size, so one huge answer is not kept.
+// buffer returns a pooled buffer for an answer.
 func (c *Client) buffer() *bytes.Buffer {
 	if b, ok := c.bufs.Get().(*bytes.Buffer); ok {
-		if b.Cap() > 1<<20 {
-			return new(bytes.Buffer)
-		}
 		b.Reset()
 		return b
 	}
 	return new(bytes.Buffer)
+}
+
+// maxPooledBuffer is the largest answer buffer kept for reuse, so that one
+// huge answer does not stay allocated in the pool.
+const maxPooledBuffer = 1 << 20
+
+func (c *Client) release(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledBuffer {
+		c.bufs.Put(b)
+	}
 }
 
 // transportErr classifies a failure without an answer: the caller's
