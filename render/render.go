@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,13 +133,29 @@ type Rendered struct {
 	// engine's exact token ids, the multimodal items (vLLM's mm hashes at
 	// their placeholder ranges, sorted by offset) and the cache salt (the
 	// answer's echo, else the body's). LoRAName is left empty (see
-	// BodyModel). An engine that prefixes its multimodal identifiers with
-	// the LoRA name (enable_tower_connector_lora) needs each MMItem.ID
-	// prefixed "name:" too. With a cache, a repeated body's Rendered share
-	// their slices: do not modify them.
+	// BodyModel and WithLoRA). With a cache, a repeated body's Rendered
+	// share their slices: do not modify them.
 	Request hashing.Request
 
 	saltEchoed bool
+}
+
+// WithLoRA returns r's Request as the LoRA adapter name serves it: name is
+// then an extra key of every block. towerConnector is the engine's
+// enable_tower_connector_lora, under which vLLM also keys each multimodal
+// item by "name:" and its hash (vllm/v1/engine/input_processor.py,
+// _get_mm_identifier), since the adapter changes the items' embeddings.
+// r is not modified.
+func (r *Rendered) WithLoRA(name string, towerConnector bool) hashing.Request {
+	req := r.Request
+	req.LoRAName = name
+	if towerConnector && name != "" && len(req.MM) > 0 {
+		req.MM = slices.Clone(req.MM)
+		for i := range req.MM {
+			req.MM[i].ID = name + ":" + req.MM[i].ID
+		}
+	}
+	return req
 }
 
 // Stats are a Client's counters since it was made.
@@ -191,6 +208,10 @@ func New(cfg Config) (*Client, error) {
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("render: URL %q: want http://host:port or https://host:port, with an optional path prefix", cfg.URL)
+	}
+	if u.User != nil {
+		// The URL goes into every error and log line.
+		return nil, fmt.Errorf("render: URL %q has credentials: pass them in Config.Header", u.Redacted())
 	}
 	if cfg.Timeout < 0 || cfg.MMTimeout < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBodyBytes < 0 ||
 		cfg.MaxIdleConns < 0 || cfg.CacheBytes < 0 || cfg.WarmInterval < 0 || cfg.WarmConns < 0 {
@@ -271,9 +292,9 @@ func (c *Client) Render(ctx context.Context, body []byte) ([]Rendered, error) {
 		return nil, c.refuse(ctx, c.chat, "chat", errors.New(`body has both "messages" and "prompt"`))
 	}
 	if info.messages {
-		return c.render(ctx, c.chat, "chat", body, &info)
+		return c.send(ctx, c.chat, "chat", body, &info, c.cache != nil)
 	}
-	return c.render(ctx, c.completions, "completions", body, &info)
+	return c.send(ctx, c.completions, "completions", body, &info, c.cache != nil)
 }
 
 // Chat renders an OpenAI chat completions body through
@@ -283,7 +304,7 @@ func (c *Client) Chat(ctx context.Context, body []byte) (Rendered, error) {
 	if err != nil {
 		return Rendered{}, c.refuse(ctx, c.chat, "chat", err)
 	}
-	rs, err := c.render(ctx, c.chat, "chat", body, &info)
+	rs, err := c.send(ctx, c.chat, "chat", body, &info, c.cache != nil)
 	if err != nil {
 		return Rendered{}, err
 	}
@@ -297,7 +318,7 @@ func (c *Client) Completions(ctx context.Context, body []byte) ([]Rendered, erro
 	if err != nil {
 		return nil, c.refuse(ctx, c.completions, "completions", err)
 	}
-	return c.render(ctx, c.completions, "completions", body, &info)
+	return c.send(ctx, c.completions, "completions", body, &info, c.cache != nil)
 }
 
 // warmBody is Warm's render: a short text chat, which every chat model's
@@ -377,10 +398,6 @@ func (c *Client) refuse(ctx context.Context, endpoint, name string, cause error)
 	err := &Error{Endpoint: endpoint, kind: ErrBadRequest, err: cause}
 	c.done(ctx, name, time.Now(), err, nil, false, false)
 	return err
-}
-
-func (c *Client) render(ctx context.Context, endpoint, name string, body []byte, info *bodyInfo) ([]Rendered, error) {
-	return c.send(ctx, endpoint, name, body, info, c.cache != nil)
 }
 
 func (c *Client) send(ctx context.Context, endpoint, name string, body []byte, info *bodyInfo, cached bool) ([]Rendered, error) {

@@ -577,11 +577,13 @@ func TestNewRefusesABadConfig(t *testing.T) {
 		{URL: "ftp://host"},
 		{URL: "http://"},
 		{URL: "http://h/?q=1"},
+		{URL: "http://user:secret@h:8000"},
 		{URL: "http://h", Timeout: -1},
 		{URL: "http://h", CacheBytes: -1},
 	} {
 		_, err := render.New(cfg)
 		require.Error(t, err, "%+v", cfg)
+		require.NotContains(t, err.Error(), "secret")
 	}
 	c, err := render.New(render.Config{})
 	require.NoError(t, err)
@@ -678,4 +680,18 @@ func TestFailuresAreLoggedAtMostOnceASecondPerKind(t *testing.T) {
 	s := c.Stats()
 	require.Equal(t, uint64(5), s.Unavailable)
 	require.Equal(t, uint64(5), s.BadRequest)
+}
+
+func TestWithLoRAKeysEveryBlockAndTheTowerConnectorsItems(t *testing.T) {
+	r := render.Rendered{Request: hashing.Request{Tokens: []uint32{1, 2, 3}, CacheSalt: "s",
+		MM: []hashing.MMItem{{ID: "abc", Offset: 1, Length: 2}}}}
+	req := r.WithLoRA("sql-lora", false)
+	require.Equal(t, "sql-lora", req.LoRAName)
+	require.Equal(t, "abc", req.MM[0].ID)
+	req = r.WithLoRA("sql-lora", true)
+	require.Equal(t, []hashing.MMItem{{ID: "sql-lora:abc", Offset: 1, Length: 2}}, req.MM)
+	require.Equal(t, "s", req.CacheSalt)
+	require.Equal(t, "abc", r.Request.MM[0].ID, "the Rendered, maybe the cache's, is not modified")
+	require.Empty(t, r.Request.LoRAName)
+	require.Equal(t, r.Request, r.WithLoRA("", true))
 }
