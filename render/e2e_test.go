@@ -129,3 +129,37 @@ func TestAChatBodyScoresTheSameAsItsRenderedTokens(t *testing.T) {
 	textOnly.MM = nil
 	require.Equal(t, imageBlock, blocks(score(textOnly), full))
 }
+
+// TestRenderedItemsGiveVLLMsExtraKeys checks the extra keys a rendered chat
+// with two images and a salt gets, block by block, against a reference
+// written from vLLM's rule (kv_cache_utils: each item overlapping the
+// block as (identifier, offset - block start), then the salt on block 0),
+// independently of package hashing's cursor.
+func TestRenderedItemsGiveVLLMsExtraKeys(t *testing.T) {
+	f := newFakeVLLM(t, "vl")
+	c := newClient(t, render.Config{URL: f.srv.URL, Model: "vl"})
+	body := `{"cache_salt":"tenant-9","messages":[{"role":"user","content":[{"type":"text","text":"two:"},` +
+		`{"type":"image_url","image_url":{"url":"a.png"}},{"type":"image_url","image_url":{"url":"b.png"}},{"type":"text","text":"compare"}]}]}`
+	r, err := c.Chat(context.Background(), []byte(body))
+	require.NoError(t, err)
+	require.Len(t, r.Request.MM, 2)
+	const bs = 16
+	h, err := hashing.New(hashing.Config{BlockSize: bs})
+	require.NoError(t, err)
+	blocks, err := h.Blocks(nil, r.Request)
+	require.NoError(t, err)
+	require.Len(t, blocks, len(r.Request.Tokens)/bs)
+	for i, b := range blocks {
+		start, end := i*bs, (i+1)*bs
+		var want []hashing.ExtraKey
+		for _, it := range r.Request.MM {
+			if it.Offset < end && it.Offset+it.Length > start {
+				want = append(want, hashing.Tuple(hashing.Str(it.ID), hashing.Int(int64(it.Offset-start))))
+			}
+		}
+		if i == 0 {
+			want = append(want, hashing.Str("tenant-9"))
+		}
+		require.True(t, hashing.EqualKeys(want, b.Extra), "block %d: want %v, got %v", i, want, b.Extra)
+	}
+}
