@@ -409,6 +409,10 @@ func (c *Client) send(ctx context.Context, endpoint, name string, body []byte, i
 		if rs, ok := c.cache.get(k); ok {
 			c.hits.Add(1)
 			rs = append([]Rendered(nil), rs...)
+			for i := range rs {
+				// Bodies naming different models send the same stamped body.
+				rs[i].BodyModel = info.model
+			}
 			c.done(ctx, name, start, nil, rs, true, mm)
 			return rs, nil
 		}

@@ -695,3 +695,16 @@ func TestWithLoRAKeysEveryBlockAndTheTowerConnectorsItems(t *testing.T) {
 	require.Empty(t, r.Request.LoRAName)
 	require.Equal(t, r.Request, r.WithLoRA("", true))
 }
+
+func TestACachedRenderKeepsEachBodysOwnModel(t *testing.T) {
+	f := newFakeVLLM(t, "base")
+	c := newClient(t, render.Config{URL: f.srv.URL, Model: "base", CacheBytes: 1 << 20})
+	a, err := c.Chat(context.Background(), []byte(`{"model":"lora-a","messages":[{"role":"user","content":"x"}]}`))
+	require.NoError(t, err)
+	b, err := c.Chat(context.Background(), []byte(`{"model":"lora-b","messages":[{"role":"user","content":"x"}]}`))
+	require.NoError(t, err)
+	require.Equal(t, 1, f.count(), "both bodies send the same stamped body")
+	require.Equal(t, "lora-a", a.BodyModel)
+	require.Equal(t, "lora-b", b.BodyModel)
+	require.Equal(t, a.Request, b.Request)
+}
