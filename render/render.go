@@ -448,6 +448,11 @@ func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *b
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
+	// A render has no side effect: this (unsent, being empty) marks the
+	// POST idempotent, so that the transport sends it again on a new
+	// connection when the backend closed the pooled one just as it was
+	// reused (vLLM's server closes connections idle for 5 s).
+	req.Header["Idempotency-Key"] = nil
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, c.transportErr(ctx, rctx, endpoint, 0, timeout, err)

@@ -708,3 +708,39 @@ func TestACachedRenderKeepsEachBodysOwnModel(t *testing.T) {
 	require.Equal(t, "lora-b", b.BodyModel)
 	require.Equal(t, a.Request, b.Request)
 }
+
+// TestARenderOnAConnectionTheBackendDroppedIsRetried covers the race of
+// keep-alive: vLLM's server closes a connection idle for 5 s
+// (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a render sent on it just then gets no
+// answer. A render has no side effect, so the transport may send it again
+// on a new connection.
+func TestARenderOnAConnectionTheBackendDroppedIsRetried(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		seen[r.RemoteAddr]++
+		n := seen[r.RemoteAddr]
+		mu.Unlock()
+		if n == 2 { // the second render on a connection: drop it unanswered
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		_, _ = w.Write([]byte(`[{"token_ids":[1]}]`))
+	}))
+	t.Cleanup(srv.Close)
+	c := newClient(t, render.Config{URL: srv.URL})
+	for range 3 {
+		_, err := c.Completions(context.Background(), []byte(`{"prompt":"x"}`))
+		require.NoError(t, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The second and third renders were each dropped on a reused
+	// connection and sent again on a new one.
+	require.Len(t, seen, 3)
+}
