@@ -355,9 +355,13 @@ func (c *Client) Warm(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
-	// Concurrent renders make the transport open a connection each, and
-	// keep them idle in the pool afterwards.
-	errs := make([]error, c.cfg.WarmConns-1)
+	if c.cfg.WarmConns < 2 {
+		return nil
+	}
+	// Concurrent renders make the transport open a connection each (one
+	// takes the idle connection of the check), and keep them idle in the
+	// pool afterwards.
+	errs := make([]error, c.cfg.WarmConns)
 	var wg sync.WaitGroup
 	for i := range errs {
 		wg.Go(func() { _, errs[i] = c.send(ctx, c.chat, "chat", warmBody, &info, false) })

@@ -460,7 +460,7 @@ func TestWarmOpensWarmConnsConnections(t *testing.T) {
 		// concurrent, so each needs a connection of its own: hold them
 		// until all have arrived.
 		if k := n.Add(1); k > 1 {
-			if k == conns {
+			if k == conns+1 {
 				close(all)
 			}
 			select {
@@ -473,7 +473,7 @@ func TestWarmOpensWarmConnsConnections(t *testing.T) {
 	c := newClient(t, render.Config{URL: f.srv.URL, Model: "m", WarmConns: conns})
 	require.NoError(t, c.Warm(context.Background()))
 	f.mu.Lock()
-	require.Len(t, f.remotes, conns-1, "the first connection is reused by one of the concurrent renders")
+	require.Len(t, f.remotes, conns, "the check's connection is reused by one of the concurrent renders")
 	f.mu.Unlock()
 	for range 3 * conns {
 		_, err := c.Completions(context.Background(), []byte(`{"prompt":"x"}`))
@@ -481,7 +481,7 @@ func TestWarmOpensWarmConnsConnections(t *testing.T) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	require.Len(t, f.remotes, conns-1, "later renders reuse the warm pool")
+	require.Len(t, f.remotes, conns, "later renders reuse the warm pool")
 }
 
 func TestTheCacheAnswersARepeatedBody(t *testing.T) {
