@@ -47,3 +47,5 @@ fuzz: deps
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzUnmarshal -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzScanTokens -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./service -run '^$$' -fuzz FuzzParseSize -fuzztime $(FUZZTIME)
+	$(GO) test ./render -run '^$$' -fuzz FuzzScanBody -fuzztime $(FUZZTIME)
+	$(GO) test ./render -run '^$$' -fuzz FuzzParseAnswer -fuzztime $(FUZZTIME)
