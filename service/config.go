@@ -110,6 +110,7 @@ type Config struct {
 	Limits
 	SnapshotConfig
 	MemoryConfig
+	RenderConfig
 
 	// Logger receives the service's logs; nil: slog.Default().
 	Logger *slog.Logger
@@ -290,6 +291,7 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	cfg.Limits.flags(fs)
 	cfg.SnapshotConfig.flags(fs)
 	cfg.MemoryConfig.flags(fs)
+	cfg.RenderConfig.flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}

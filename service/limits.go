@@ -142,10 +142,15 @@ const (
 	// rejectBadRequest is any other 400: malformed JSON, wrong types,
 	// a missing or invalid member.
 	rejectBadRequest = "bad_request"
+	// rejectRenderUnavailable is a 503 for a render backend that is down
+	// or overloaded, rejectRenderBadResponse a 502 for an answer that is
+	// not vLLM's (see RenderConfig).
+	rejectRenderUnavailable = "render_unavailable"
+	rejectRenderBadResponse = "render_bad_response"
 )
 
 var rejectReasons = []string{rejectOverload, rejectTimeout, rejectBodySize, rejectTokens,
-	rejectFieldSize, rejectCanceled, rejectBadRequest}
+	rejectFieldSize, rejectCanceled, rejectBadRequest, rejectRenderUnavailable, rejectRenderBadResponse}
 
 // statusClientClosed is the status, nginx's 499, a request gets in the
 // metrics when its client hung up before the answer: no client reads it.
@@ -278,6 +283,9 @@ func (s *Service) classify(r *http.Request, err error) (int, string) {
 		return http.StatusRequestEntityTooLarge, rejectBodySize
 	case errors.As(err, &tl):
 		return http.StatusRequestEntityTooLarge, rejectTokens
+	case isRenderError(err):
+		code, reason, _ := renderStatus(err)
+		return code, reason
 	case errors.As(err, &fl):
 		return http.StatusBadRequest, rejectFieldSize
 	case errors.As(err, &br):
@@ -298,6 +306,13 @@ func (s *Service) answerError(w http.ResponseWriter, r *http.Request, path strin
 		w.Header().Set("Retry-After", retryAfter)
 		msg = fmt.Sprintf("request timeout: not answered within %v (--request-timeout): %v", s.cfg.RequestTimeout, err)
 		kind, level, line = logTimeout, slog.LevelInfo, "kvsource serve: request timed out"
+	case reason == rejectRenderUnavailable:
+		w.Header().Set("Retry-After", retryAfter)
+		msg = "render backend unavailable (--render-url): " + msg
+		kind, level, line = logFailed, slog.LevelWarn, "kvsource serve: render backend unavailable"
+	case reason == rejectRenderBadResponse:
+		msg = "render backend gave a bad answer (--render-url): " + msg
+		kind, level, line = logFailed, slog.LevelError, "kvsource serve: render backend gave a bad answer"
 	case reason == rejectOverload:
 		w.Header().Set("Retry-After", retryAfter)
 		kind, level, line = logTimeout, slog.LevelInfo, "kvsource serve: request refused, overloaded"

@@ -50,6 +50,7 @@ type Service struct {
 	handler  http.Handler
 	http     *http.Server
 	conns    *connLimit
+	render   *renderer // nil without RenderURL
 	started  bool
 	stopSub  context.CancelFunc
 	subDone  chan error
@@ -149,6 +150,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.initMetrics()
+	if s.render, err = s.newRenderer(cfg.RenderConfig); err != nil {
+		return nil, err
+	}
 	s.nats.registerMetrics(s.reg)
 	s.initLimits()
 	s.initSnapshotMetrics()
@@ -196,6 +200,7 @@ func (s *Service) Start(ctx context.Context) error {
 	go s.pulls.forgetExpired(subCtx)
 	s.nats.start(subCtx, s.sub.Status)
 	s.startSnapshots(subCtx)
+	s.render.warm(subCtx, s)
 	s.log.Info("kvsource serve: started", "bind", s.cfg.EventsBind,
 		"connect", len(s.cfg.EventsConnect), "keys", s.cfg.Keys, "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
 	return nil
@@ -243,6 +248,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 			err = errors.Join(err, fmt.Errorf("events: subscriber did not stop: %w", ctx.Err()))
 		}
 		err = errors.Join(err, s.nats.stop(ctx))
+		s.render.close()
 		if s.cfg.Snapshot != "" {
 			err = errors.Join(err, s.finalSnapshot())
 		}
@@ -450,14 +456,15 @@ func (r *statusRecorder) WriteHeader(code int) {
 
 func (s *Service) handleScore(w http.ResponseWriter, r *http.Request, b *bodyBuf) error {
 	var req ScoreRequest
+	var whole []byte
 	if err := decodePrompt(b, &req, &req.Prompt); err != nil {
-		return err
+		if s.render == nil || !openAIBody(b.body) {
+			return err
+		}
+		req, whole = ScoreRequest{}, b.body // an OpenAI body itself
 	}
-	prompt, err := req.request()
+	prompt, err := s.promptOf(r.Context(), &req.Prompt, whole)
 	if err != nil {
-		return badRequest{err}
-	}
-	if err := s.checkPrompt(&req.Prompt); err != nil {
 		return err
 	}
 	for _, p := range req.Pods {
@@ -505,13 +512,13 @@ func (s *Service) handleScore(w http.ResponseWriter, r *http.Request, b *bodyBuf
 func (s *Service) handlePick(w http.ResponseWriter, r *http.Request, b *bodyBuf) error {
 	var req PickRequest
 	if err := decodePrompt(b, &req, &req.Prompt); err != nil {
+		if s.render != nil && openAIBody(b.body) {
+			return badRequest{errors.New(`a pick takes its OpenAI body in "request", beside "destination"`)}
+		}
 		return err
 	}
-	prompt, err := req.request()
+	prompt, err := s.promptOf(r.Context(), &req.Prompt, nil)
 	if err != nil {
-		return badRequest{err}
-	}
-	if err := s.checkPrompt(&req.Prompt); err != nil {
 		return err
 	}
 	for _, f := range []struct{ name, v string }{{"request_id", req.RequestID}, {"destination", req.Destination}} {

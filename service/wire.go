@@ -29,6 +29,9 @@ type Prompt struct {
 	LoRAName  string   `json:"lora_name"`
 	CacheSalt string   `json:"cache_salt"`
 	MMItems   []MMItem `json:"mm_items"`
+	// Request is an OpenAI completions or chat body, rendered into the
+	// tokens when there are none (see RenderConfig).
+	Request json.RawMessage `json:"request"`
 }
 
 func (p *Prompt) request() (hashing.Request, error) {
