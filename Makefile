@@ -41,6 +41,7 @@ fuzz: deps
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzEscapeToken -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseBatch -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseSourcesTable -fuzztime $(FUZZTIME)
+	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzJoinParts -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeRequests -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzServeParsePodEndpoint -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/kvsource -run '^$$' -fuzz FuzzCalibrateParsers -fuzztime $(FUZZTIME)

@@ -23,15 +23,30 @@
 // restarted engine reusing a sequence number is not mistaken for its
 // predecessor (its bytes, at least its timestamp, differ).
 //
-// Tap publishes one batch at a time per subject and returns once the
-// stream acknowledged it, retrying with the same id on failure; a retry
-// whose first attempt had in fact been stored is dropped by the stream's
-// duplicate window (Config.DuplicateWindow, two minutes by default: the
-// assumption is that no retry comes later than that). A NATS outage thus
-// holds the subscriber's worker, whose queue then overflows into drops
-// that the subscriber resynchronises from the engines' replay afterwards:
-// nothing is lost while the outage is shorter than the engines' replay
-// buffers.
+// Tap keeps the batch and returns: it never waits on the stream, so that
+// one batch the stream refuses, or NATS being down, cannot hold the
+// subscriber's worker and every pod on it. RelayConfig.Publishers
+// goroutines publish, one batch at a time per subject, in order, each
+// returning once the stream acknowledged it and retrying with the same id
+// on failure; a retry whose first attempt had in fact been stored is
+// dropped by the stream's duplicate window (Config.DuplicateWindow, two
+// minutes by default: the assumption is that no retry comes later than
+// that). What waits is bounded by RelayConfig.Retain and RetainN, and the
+// attempts at one batch while connected by PublishAttempts: past them a
+// batch is dropped and counted (RelayStats), a gap to the replicas, which
+// clear the holder as a subscriber does for a gap it cannot repair.
+// Relay.Healthy fails while the oldest waiting batch is older than the
+// lease TTL.
+//
+// The server's limits are checked before publishing: a batch over its
+// max_payload (its INFO announces it, 1 MiB by default, while an engine's
+// batch can be up to events' 16 MiB) is published as consecutive parts
+// with header Kvs-Part "i/n", which replicas join back into the batch
+// (bounded by ReplicaConfig.MaxBatchBytes); a subject over its
+// max_control_line (RelayConfig.MaxControlLine, 4096 bytes by default,
+// which the server does not announce; the model and pod names make the
+// subject) is dropped and counted, since the server closes a connection
+// that sends one, and with it every other pod's publishes.
 //
 // # Ordering
 //

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,6 +31,11 @@ const (
 	HeaderPod   = "Kvs-Pod"
 	HeaderRank  = "Kvs-Rank"
 	HeaderSeq   = "Kvs-Seq"
+	// HeaderPart, "i/n", marks part i (from 0) of n of a batch too big
+	// for one message: its payload is the batch's bytes from i times the
+	// part size on, and a consumer joins the n parts, which follow one
+	// another among the holder's messages, into the batch.
+	HeaderPart = "Kvs-Part"
 )
 
 // Defaults of Config.
@@ -197,4 +203,18 @@ func parseBatch(h nats.Header, data []byte) (Batch, error) {
 	}
 	b.Rank, b.Seq = rank, seq
 	return b, nil
+}
+
+// formatPart is HeaderPart's value of part i of n.
+func formatPart(i, n int) string { return strconv.Itoa(i) + "/" + strconv.Itoa(n) }
+
+// parsePart reads HeaderPart's value: part i (from 0) of n.
+func parsePart(v string) (i, n int, err error) {
+	a, b, ok := strings.Cut(v, "/")
+	i, err1 := strconv.Atoi(a)
+	n, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || i < 0 || n < 2 || i >= n || a != strconv.Itoa(i) || b != strconv.Itoa(n) {
+		return 0, 0, fmt.Errorf("%w: %s %q", ErrBadMessage, HeaderPart, v)
+	}
+	return i, n, nil
 }
