@@ -199,7 +199,10 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	log = log.With("replica", cfg.Name)
+	// Everything the replica and its processor log about the stream's
+	// content is on a budget per kind of line: the stream carries what
+	// anyone with publish rights put there, under any pod names.
+	log = withLogBudget(log.With("replica", cfg.Name), logBudgetInterval)
 	s, err := cfg.ensureStream(ctx, cfg.JetStream)
 	if err != nil {
 		return nil, err
