@@ -68,6 +68,13 @@ type Config struct {
 	// DefaultDuplicateWindow. Two relays publishing the same batch within
 	// it store it once (see the package doc).
 	DuplicateWindow time.Duration
+	// Bind makes a replica (Open, and NewSources on it) use the event
+	// stream and the relays' buckets (<Stream>_RELAY, <Stream>_SOURCES)
+	// as the relays created them, never creating or updating them: for
+	// replicas whose NATS user has only the permissions
+	// Permissions(RoleReplica) lists, which cannot change what relays
+	// publish. The relays must have created them first. Relays ignore it.
+	Bind bool
 }
 
 func (c Config) withDefaults() Config {
@@ -111,6 +118,13 @@ func (c Config) ModelFilter(model string) string {
 // snapshot (Replica) remove messages, so that snapshot plus stream always
 // cover the state.
 func (c Config) ensureStream(ctx context.Context, js jetstream.JetStream) (jetstream.Stream, error) {
+	if c.Bind {
+		s, err := js.Stream(ctx, c.Stream)
+		if err != nil {
+			return nil, fmt.Errorf("natsstream: stream %s (Bind: a relay creates it): %w", c.Stream, err)
+		}
+		return s, nil
+	}
 	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        c.Stream,
 		Description: "kvsource: vLLM KV-cache event batches, one subject per model and pod",
@@ -128,6 +142,13 @@ func (c Config) ensureStream(ctx context.Context, js jetstream.JetStream) (jetst
 }
 
 func (c Config) ensureKV(ctx context.Context, js jetstream.JetStream, suffix string, ttl time.Duration) (jetstream.KeyValue, error) {
+	if c.Bind && (suffix == "_RELAY" || suffix == "_SOURCES") {
+		kv, err := js.KeyValue(ctx, c.Stream+suffix)
+		if err != nil {
+			return nil, fmt.Errorf("natsstream: bucket %s%s (Bind: a relay creates it): %w", c.Stream, suffix, err)
+		}
+		return kv, nil
+	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:   c.Stream + suffix,
 		TTL:      ttl,

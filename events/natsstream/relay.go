@@ -167,6 +167,7 @@ func NewRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("%w: RelayConfig.JetStream is required", ErrConfig)
 	}
 	cfg.Config = cfg.Config.withDefaults()
+	cfg.Bind = false // the relay is what creates them
 	cfg.Name = defaultName(cfg.Name)
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
