@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
 
@@ -117,4 +119,39 @@ func FuzzJoinParts(f *testing.F) {
 			require.True(t, bytes.Equal(payload, joined))
 		}
 	})
+}
+
+// A relay taking the lease goes on after the previous holder's last
+// message: after the batch when it was whole or its last part, from the
+// batch's beginning when it stopped within it (the duplicate window drops
+// the parts it stored).
+func TestRelayReconcileRepublishesABatchThePreviousHolderStoppedWithin(t *testing.T) {
+	r := &Relay{}
+	kept3 := func() *relaySubject {
+		s := &relaySubject{subject: "s", total: 3}
+		for n := range uint64(3) {
+			b := Batch{Model: "m", Pod: "p", Seq: n}
+			s.kept = append(s.kept, kept{b: b, id: msgID(b.Model, b.Pod, b.Rank, b.Seq, nil), n: n})
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		id   func(s *relaySubject) string
+		next uint64
+	}{
+		{"whole", func(s *relaySubject) string { return s.kept[1].id }, 2},
+		{"last part", func(s *relaySubject) string { return s.kept[1].id + "-2/3" }, 2},
+		{"within", func(s *relaySubject) string { return s.kept[1].id + "-1/3" }, 1},
+		{"first part", func(s *relaySubject) string { return s.kept[0].id + "-0/2" }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := kept3()
+			last := &jetstream.RawStreamMsg{Header: nats.Header{}}
+			last.Header.Set(jetstream.MsgIDHeader, tc.id(s))
+			r.reconcile(s, 7, last, nil)
+			require.Equal(t, tc.next, s.next)
+			require.Equal(t, uint64(7), s.term)
+		})
+	}
 }
