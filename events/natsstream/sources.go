@@ -236,7 +236,8 @@ func (s *Sources) watch(ctx context.Context) {
 				holder = string(e.Value())
 			}
 			if holder != "" && early.owner == holder && time.Since(early.at) <= s.cfg.TTL {
-				s.table.Store(&early.t)
+				t := early.t // its own variable: early is reused
+				s.table.Store(&t)
 				at = early.at
 				s.updates.Add(1)
 				early.t, early.owner = nil, ""
