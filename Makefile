@@ -44,6 +44,7 @@ fuzz: deps
 	$(GO) test ./service -run '^$$' -fuzz FuzzRequests -fuzztime $(FUZZTIME)
 	$(GO) test ./service -run '^$$' -fuzz FuzzParsePodEndpoint -fuzztime $(FUZZTIME)
 	$(GO) test ./picker/calibrate -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
+	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzJoinParts -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzUnmarshal -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./internal/tokjson -run '^$$' -fuzz FuzzScanTokens -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./service -run '^$$' -fuzz FuzzParseSize -fuzztime $(FUZZTIME)

@@ -73,6 +73,7 @@ func BenchmarkReplicaWarmStart(b *testing.B) {
 		payload = events.AppendBatch(payload[:0], pub, events.LayoutMap, 0)
 		relay.Tap(events.TapBatch{Model: "m", Pod: "tail", Seq: uint64(i), Payload: payload})
 	}
+	require.NoError(b, relay.Flush(ctx))
 	name, _, _, _, err := seeder.newestSnapshot(ctx)
 	require.NoError(b, err)
 	info, err := seeder.obj.GetInfo(ctx, name)

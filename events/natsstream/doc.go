@@ -23,15 +23,30 @@
 // restarted engine reusing a sequence number is not mistaken for its
 // predecessor (its bytes, at least its timestamp, differ).
 //
-// Tap publishes one batch at a time per subject and returns once the
-// stream acknowledged it, retrying with the same id on failure; a retry
-// whose first attempt had in fact been stored is dropped by the stream's
-// duplicate window (Config.DuplicateWindow, two minutes by default: the
-// assumption is that no retry comes later than that). A NATS outage thus
-// holds the subscriber's worker, whose queue then overflows into drops
-// that the subscriber resynchronises from the engines' replay afterwards:
-// nothing is lost while the outage is shorter than the engines' replay
-// buffers.
+// Tap keeps the batch and returns: it never waits on the stream, so that
+// one batch the stream refuses, or NATS being down, cannot hold the
+// subscriber's worker and every pod on it. RelayConfig.Publishers
+// goroutines publish, one batch at a time per subject, in order, each
+// returning once the stream acknowledged it and retrying with the same id
+// on failure; a retry whose first attempt had in fact been stored is
+// dropped by the stream's duplicate window (Config.DuplicateWindow, two
+// minutes by default: the assumption is that no retry comes later than
+// that). What waits is bounded by RelayConfig.Retain and RetainN, and the
+// attempts at one batch while connected by PublishAttempts: past them a
+// batch is dropped and counted (RelayStats), a gap to the replicas, which
+// clear the holder as a subscriber does for a gap it cannot repair.
+// Relay.Healthy fails while the oldest waiting batch is older than the
+// lease TTL.
+//
+// The server's limits are checked before publishing: a batch over its
+// max_payload (its INFO announces it, 1 MiB by default, while an engine's
+// batch can be up to events' 16 MiB) is published as consecutive parts
+// with header Kvs-Part "i/n", which replicas join back into the batch
+// (bounded by ReplicaConfig.MaxBatchBytes); a subject over its
+// max_control_line (RelayConfig.MaxControlLine, 4096 bytes by default,
+// which the server does not announce; the model and pod names make the
+// subject) is dropped and counted, since the server closes a connection
+// that sends one, and with it every other pod's publishes.
 //
 // # Ordering
 //
@@ -90,5 +105,49 @@
 // SourcesConfig.Interval (Sources.Publish); replicas watch it and give
 // Sources.Source to their pickers. A holder the table does not list, or
 // every holder once no relay has written for SourcesConfig.TTL, is no
-// source: a replica never pulls from a holder no relay vouches for.
+// source: a replica never pulls from a holder no relay vouches for. Each
+// table names the relay lease's owner, and a replica takes only the
+// table of the lease's current holder (key "relay" of <Stream>_RELAY).
+//
+// # Security
+//
+// Whoever may publish on <prefix>.> puts holders and blocks in every
+// replica's index, and whoever may write <Stream>_SOURCES and
+// <Stream>_RELAY decides which holders replicas pull from: NATS's own
+// security is what closes these doors. ConnConfig connects with a creds
+// file, an nkey seed, a user and password or a token, and TLS with a CA
+// and a client certificate; Config.Permissions lists, per Role, the
+// subjects each user needs and nothing more. Relays (RoleRelay) publish
+// batches, hold the relay lease, write the sources table and create the
+// stream and their buckets. Replicas (RoleReplica) set Config.Bind and
+// publish none of those: they consume, read snapshots and share
+// in-flight pulls (<Stream>_PULLS); snapshotters (RoleSnapshotter) also
+// store snapshots, hold the snapshot lease and purge the stream.
+//
+// What a client with publish rights can still do:
+//
+//   - With a relay's rights (or any right to publish on <prefix>.>): put
+//     batches under any pod name in front of every replica, so that they
+//     route to pods it names; clear or reset real holders with
+//     sequence numbers that jump or go back (replicas apply gaps and
+//     restarts as a subscriber does); replay old batches with new bytes
+//     (the duplicate window drops only identical message ids); fill the
+//     stream, which has no limits of its own (an account's JetStream
+//     limits bound it). It can also take or delete the relay lease and
+//     write a table naming the lease's holder, whose name anyone who may
+//     watch the lease reads: the owner check keeps out tables of a relay
+//     that lost the lease and of writers that do not hold it, not a
+//     forger with a relay's rights. A relay's credentials are as strong
+//     as the relay.
+//   - With a replica's rights: read everything on the stream (pod names,
+//     block hashes) and add or remove in-flight pulls, making holders
+//     look busier or idler to the other replicas' spreading for up to the
+//     pulls' TTL; not publish a batch, write a table or the lease, or
+//     create or change the stream or the relays' buckets.
+//   - With a snapshotter's rights, in addition: store a made-up snapshot,
+//     from which new replicas start, and purge the stream, so that
+//     replicas starting later miss what it held. Give RoleSnapshotter
+//     only to the replicas that store snapshots.
+//   - Without credentials, on the network: TLS keeps it from reading or
+//     changing what relays, replicas and the server exchange.
 package natsstream

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,6 +31,11 @@ const (
 	HeaderPod   = "Kvs-Pod"
 	HeaderRank  = "Kvs-Rank"
 	HeaderSeq   = "Kvs-Seq"
+	// HeaderPart, "i/n", marks part i (from 0) of n of a batch too big
+	// for one message: its payload is the batch's bytes from i times the
+	// part size on, and a consumer joins the n parts, which follow one
+	// another among the holder's messages, into the batch.
+	HeaderPart = "Kvs-Part"
 )
 
 // Defaults of Config.
@@ -62,6 +68,13 @@ type Config struct {
 	// DefaultDuplicateWindow. Two relays publishing the same batch within
 	// it store it once (see the package doc).
 	DuplicateWindow time.Duration
+	// Bind makes a replica (Open, and NewSources on it) use the event
+	// stream and the relays' buckets (<Stream>_RELAY, <Stream>_SOURCES)
+	// as the relays created them, never creating or updating them: for
+	// replicas whose NATS user has only the permissions
+	// Permissions(RoleReplica) lists, which cannot change what relays
+	// publish. The relays must have created them first. Relays ignore it.
+	Bind bool
 }
 
 func (c Config) withDefaults() Config {
@@ -105,6 +118,13 @@ func (c Config) ModelFilter(model string) string {
 // snapshot (Replica) remove messages, so that snapshot plus stream always
 // cover the state.
 func (c Config) ensureStream(ctx context.Context, js jetstream.JetStream) (jetstream.Stream, error) {
+	if c.Bind {
+		s, err := js.Stream(ctx, c.Stream)
+		if err != nil {
+			return nil, fmt.Errorf("natsstream: stream %s (Bind: a relay creates it): %w", c.Stream, err)
+		}
+		return s, nil
+	}
 	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        c.Stream,
 		Description: "kvsource: vLLM KV-cache event batches, one subject per model and pod",
@@ -122,6 +142,13 @@ func (c Config) ensureStream(ctx context.Context, js jetstream.JetStream) (jetst
 }
 
 func (c Config) ensureKV(ctx context.Context, js jetstream.JetStream, suffix string, ttl time.Duration) (jetstream.KeyValue, error) {
+	if c.Bind && (suffix == "_RELAY" || suffix == "_SOURCES") {
+		kv, err := js.KeyValue(ctx, c.Stream+suffix)
+		if err != nil {
+			return nil, fmt.Errorf("natsstream: bucket %s%s (Bind: a relay creates it): %w", c.Stream, suffix, err)
+		}
+		return kv, nil
+	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:   c.Stream + suffix,
 		TTL:      ttl,
@@ -197,4 +224,18 @@ func parseBatch(h nats.Header, data []byte) (Batch, error) {
 	}
 	b.Rank, b.Seq = rank, seq
 	return b, nil
+}
+
+// formatPart is HeaderPart's value of part i of n.
+func formatPart(i, n int) string { return strconv.Itoa(i) + "/" + strconv.Itoa(n) }
+
+// parsePart reads HeaderPart's value: part i (from 0) of n.
+func parsePart(v string) (i, n int, err error) {
+	a, b, ok := strings.Cut(v, "/")
+	i, err1 := strconv.Atoi(a)
+	n, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || i < 0 || n < 2 || i >= n || a != strconv.Itoa(i) || b != strconv.Itoa(n) {
+		return 0, 0, fmt.Errorf("%w: %s %q", ErrBadMessage, HeaderPart, v)
+	}
+	return i, n, nil
 }

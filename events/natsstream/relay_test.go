@@ -55,10 +55,12 @@ func TestRelayPublishesARestartedEnginesBatchesAfterForgettingItsSubject(t *test
 	for seq := range uint64(5) {
 		tap(seq, byte(seq))
 	}
+	require.NoError(t, r.Flush(context.Background()))
 	require.Equal(t, uint64(5), r.Stats().Published)
 	require.Eventually(t, func() bool { return r.subjectCount() == 0 }, 10*time.Second, 20*time.Millisecond)
 	tap(0, 100) // the restarted engine's first batches: other bytes
 	tap(1, 101)
+	require.NoError(t, r.Flush(context.Background()))
 	require.Equal(t, uint64(7), r.Stats().Published)
 }
 

@@ -28,6 +28,10 @@ import (
 const (
 	DefaultSnapshotLeaseTTL = 10 * time.Second
 	DefaultMaxLag           = 10 * time.Second
+	// DefaultMaxBatchBytes bounds the parts of split batches a replica
+	// holds: four times the largest batch kvsource serve takes from an
+	// engine by default (16 MiB).
+	DefaultMaxBatchBytes = 64 << 20
 )
 
 // Metadata keys of a snapshot object.
@@ -65,6 +69,11 @@ type ReplicaConfig struct {
 	// MaxLag is how far behind the stream a healthy replica may be, in the
 	// age of what it has not applied yet; default DefaultMaxLag.
 	MaxLag time.Duration
+	// MaxBatchBytes bounds the bytes of split batches (HeaderPart) held
+	// until their last part arrives, all holders together; a part past it
+	// drops its batch, counted in ReplicaStatus.DroppedParts. Default
+	// DefaultMaxBatchBytes.
+	MaxBatchBytes int
 	// TempDir holds snapshot files while they are written and read;
 	// default os.TempDir().
 	TempDir string
@@ -107,6 +116,11 @@ type ReplicaStatus struct {
 	Gaps        uint64 `json:"gaps"`
 	Restarts    uint64 `json:"restarts"`
 	Snapshots   uint64 `json:"snapshots_stored"`
+	// Joined counts the batches put back together from parts;
+	// DroppedParts the parts dropped: out of order, of a batch whose
+	// beginning the replica never saw, or past MaxBatchBytes.
+	Joined       uint64 `json:"joined_batches"`
+	DroppedParts uint64 `json:"dropped_parts"`
 }
 
 // Replica consumes the event stream into an index: a router replica's
@@ -135,6 +149,10 @@ type Replica struct {
 	cons    jetstream.Consumer // Run's
 	// appliedCons is the consumer sequence of the last message applied.
 	appliedCons uint64
+	// joining holds the split batches whose last part has not arrived,
+	// joinBytes their bytes.
+	joining   map[partKey]*joining
+	joinBytes int
 
 	pending    atomic.Uint64
 	oldestNs   atomic.Int64 // timestamp of the oldest unapplied message known, unix ns; 0 none
@@ -142,6 +160,8 @@ type Replica struct {
 	snapTaken  atomic.Int64
 	snapshots  atomic.Uint64
 	badMsgs    atomic.Uint64
+	joined     atomic.Uint64
+	partsLost  atomic.Uint64
 	ready      chan struct{}
 	readyOnce  sync.Once
 	readying   atomic.Bool
@@ -172,11 +192,17 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	if cfg.TempDir == "" {
 		cfg.TempDir = os.TempDir()
 	}
+	if cfg.MaxBatchBytes <= 0 {
+		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	log = log.With("replica", cfg.Name)
+	// Everything the replica and its processor log about the stream's
+	// content is on a budget per kind of line: the stream carries what
+	// anyone with publish rights put there, under any pod names.
+	log = withLogBudget(log.With("replica", cfg.Name), logBudgetInterval)
 	s, err := cfg.ensureStream(ctx, cfg.JetStream)
 	if err != nil {
 		return nil, err
@@ -191,7 +217,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 		return nil, fmt.Errorf("natsstream: object store %s_SNAPSHOTS: %w", cfg.Stream, err)
 	}
 	r := &Replica{cfg: cfg, js: cfg.JetStream, stream: s, obj: obj, log: log, shard: shardName(cfg.Models),
-		ready: make(chan struct{})}
+		ready: make(chan struct{}), joining: map[partKey]*joining{}}
 	r.snapTaken.Store(-1)
 	if cfg.SnapshotInterval > 0 {
 		kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SNAPLEASE", cfg.SnapshotLeaseTTL)
@@ -523,10 +549,14 @@ func (r *Replica) handle(m jetstream.Msg) {
 		r.mu.Unlock()
 		return
 	}
+	whole := false
+	if err == nil {
+		b, whole, err = r.join(b, m.Headers().Get(HeaderPart), meta.Sequence.Stream)
+	}
 	if err != nil {
 		r.badMsgs.Add(1)
 		r.log.Warn("natsstream: dropped stream message", "stream_seq", meta.Sequence.Stream, "subject", m.Subject(), "err", err)
-	} else {
+	} else if whole {
 		r.proc.Handle(r.runCtx, events.Message{Pod: b.Pod, Model: b.Model, Seq: b.Seq, Payload: b.Payload})
 	}
 	r.applied = meta.Sequence.Stream
@@ -539,7 +569,7 @@ func (r *Replica) handle(m jetstream.Msg) {
 		r.oldestNs.Store(meta.Timestamp.UnixNano())
 	}
 	r.mu.Unlock()
-	if f := r.cfg.Applied; f != nil && err == nil {
+	if f := r.cfg.Applied; f != nil && whole {
 		// The hook is told once the batch applied: the consumer waits.
 		if r.proc.Sync(r.runCtx) == nil {
 			f(b, meta.Sequence.Stream)
@@ -556,6 +586,79 @@ func (r *Replica) handle(m jetstream.Msg) {
 		}()
 	}
 	r.notify.Broadcast()
+}
+
+// partKey is the holder a split batch is of: parts of one holder follow
+// one another, other holders' messages between them.
+type partKey struct {
+	model, pod string
+	rank       int
+}
+
+// joining is a split batch whose last part has not arrived.
+type joining struct {
+	seq       uint64
+	next, n   int
+	streamSeq uint64 // of its first part
+	buf       []byte
+}
+
+// join puts split batches back together, with r.mu held: it returns b
+// and true for a whole batch, joined or never split, and false for a part
+// that is not the last. A part that does not continue its holder's
+// joining batch (the previous holder stopped within a batch, a batch
+// purged before its end, parts lost) drops that batch, as does one past
+// MaxBatchBytes: the processor then sees a gap, as it would had the whole
+// batch been lost.
+func (r *Replica) join(b Batch, part string, streamSeq uint64) (Batch, bool, error) {
+	key := partKey{model: b.Model, pod: b.Pod, rank: b.Rank}
+	j := r.joining[key]
+	if part == "" {
+		if j != nil {
+			r.dropJoin(key, j)
+		}
+		return b, true, nil
+	}
+	i, n, err := parsePart(part)
+	if err != nil {
+		return b, false, err
+	}
+	if i == 0 {
+		if j != nil {
+			r.dropJoin(key, j)
+		}
+		j = &joining{seq: b.Seq, n: n, streamSeq: streamSeq}
+		r.joining[key] = j
+	} else if j == nil || j.seq != b.Seq || j.n != n || j.next != i {
+		if j != nil {
+			r.dropJoin(key, j)
+		}
+		r.partsLost.Add(1)
+		return b, false, nil
+	}
+	if r.joinBytes+len(b.Payload) > r.cfg.MaxBatchBytes {
+		r.dropJoin(key, j)
+		r.partsLost.Add(1)
+		return b, false, nil
+	}
+	j.buf = append(j.buf, b.Payload...)
+	r.joinBytes += len(b.Payload)
+	j.next++
+	if j.next < j.n {
+		return b, false, nil
+	}
+	delete(r.joining, key)
+	r.joinBytes -= len(j.buf)
+	r.joined.Add(1)
+	b.Payload = j.buf
+	return b, true, nil
+}
+
+// dropJoin drops key's joining batch j, counting the parts it had.
+func (r *Replica) dropJoin(key partKey, j *joining) {
+	delete(r.joining, key)
+	r.joinBytes -= len(j.buf)
+	r.partsLost.Add(uint64(j.next))
 }
 
 // Holders is the status of each holder as the replica applied its
@@ -585,6 +688,7 @@ func (r *Replica) Status() ReplicaStatus {
 	}
 	st.SnapshotLeader = r.lease != nil && r.lease.held()
 	st.Snapshots = r.snapshots.Load()
+	st.Joined, st.DroppedParts = r.joined.Load(), r.partsLost.Load()
 	return st
 }
 
@@ -633,6 +737,13 @@ func (r *Replica) Snapshot(ctx context.Context) error {
 	// nothing handed and not applied.
 	r.mu.Lock()
 	seq := r.applied
+	for _, j := range r.joining {
+		// A replica starting from the snapshot must see each split
+		// batch's first part: the position is before the earliest one
+		// still joining. What it applies again of other holders is
+		// older than the snapshot's sequence numbers, so dropped.
+		seq = min(seq, j.streamSeq-1)
+	}
 	if err := r.proc.Sync(ctx); err != nil {
 		r.mu.Unlock()
 		return err

@@ -44,6 +44,11 @@ type SourcesConfig struct {
 	// (DefaultSourcesTTL, which kvsource serve uses). Relays and replicas
 	// must use the same.
 	TTL time.Duration
+	// Relay, on a relay, is the relay whose lease vouches for the tables
+	// Publish writes: each names the lease owner, and replicas take a table
+	// only from the lease's current holder. Nil: the owner the lease
+	// bucket names at each write.
+	Relay *Relay
 	// Logger receives the logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -54,8 +59,11 @@ type SourcesConfig struct {
 // tell a live holder from one whose engine was killed a second ago.
 //
 // The leading relay writes its processor's holder states as one value of
-// a key-value bucket (<Stream>_SOURCES) every Interval; a replica watches
-// it and answers Source from the newest table. A holder the table does
+// a key-value bucket (<Stream>_SOURCES) every Interval, naming itself as
+// the relay lease's owner; a replica watches it and the lease (key
+// "relay" of <Stream>_RELAY), and answers Source from the newest table
+// that names the lease's current holder: a table anyone else wrote is
+// dropped and counted (SourcesStats.NotHolder). A holder the table does
 // not list, or every holder once the table is older than TTL, is no
 // source: the replica never pulls from a holder no relay vouches for.
 type Sources struct {
@@ -64,8 +72,8 @@ type Sources struct {
 	log   *slog.Logger
 	table atomic.Pointer[map[index.Holder]string]
 
-	written, writeErrors, updates, malformed atomic.Uint64
-	warned                                   ratelog.Gate
+	written, writeErrors, updates, malformed, notHolder atomic.Uint64
+	warned, warnedHolder                                ratelog.Gate
 }
 
 // sourcesKey is the table's key: one table, the leading relay's.
@@ -114,9 +122,12 @@ func (s *Sources) Publish(ctx context.Context, status func() []events.HolderStat
 			// (Half a tick early: the tick an Interval on may come a
 			// moment before a full Interval has passed.)
 			last = time.Now()
-			buf = appendSourcesTable(buf[:0], status())
 			pctx, cancel := context.WithTimeout(ctx, s.cfg.Interval)
-			_, err := s.kv.Put(pctx, sourcesKey, buf)
+			owner, err := s.owner(pctx)
+			if err == nil {
+				buf = appendSourcesTable(buf[:0], owner, status())
+				_, err = s.kv.Put(pctx, sourcesKey, buf)
+			}
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				s.writeErrors.Add(1)
@@ -132,6 +143,23 @@ func (s *Sources) Publish(ctx context.Context, status func() []events.HolderStat
 		case <-tick.C:
 		}
 	}
+}
+
+// owner is the lease owner the table names: Relay's, or the lease
+// bucket's holder.
+func (s *Sources) owner(ctx context.Context) (string, error) {
+	if s.cfg.Relay != nil {
+		return s.cfg.Relay.lease.owner, nil
+	}
+	kv, err := s.cfg.JetStream.KeyValue(ctx, s.cfg.Stream+"_RELAY")
+	if err != nil {
+		return "", fmt.Errorf("natsstream: relay lease bucket: %w", err)
+	}
+	e, err := kv.Get(ctx, relayLeaseKey)
+	if err != nil {
+		return "", fmt.Errorf("natsstream: relay lease: %w", err)
+	}
+	return string(e.Value()), nil
 }
 
 // Watch follows the table until ctx is done.
@@ -154,6 +182,30 @@ func (s *Sources) watch(ctx context.Context) {
 		return
 	}
 	defer w.Stop()
+	// The lease bucket is the relays': a replica binds to it, and waits
+	// for a relay to create it.
+	lkv, err := s.cfg.JetStream.KeyValue(ctx, s.cfg.Stream+"_RELAY")
+	if err != nil {
+		s.warn("natsstream: relay lease bucket not found; no table counts until a relay runs", "err", err)
+		return
+	}
+	lw, err := lkv.Watch(ctx, relayLeaseKey)
+	if err != nil {
+		s.warn("natsstream: relay lease watch failed", "err", err)
+		return
+	}
+	defer lw.Stop()
+	// holder is the lease's holder, "" while nobody holds it: the table
+	// taken stays until its TTL, as it must across a failover, but none
+	// other is. A table that names a holder before the lease's update
+	// says so (the two watches do not keep each other's order) waits in
+	// early, the newest only.
+	var holder string
+	var early struct {
+		owner string
+		t     map[index.Holder]string
+		at    time.Time
+	}
 	// Expiry markers can be late or lost: a table older than TTL is
 	// dropped here too. A table's age is this process's time since it
 	// arrived, not the server's stamp, which another clock wrote; only the
@@ -172,6 +224,24 @@ func (s *Sources) watch(ctx context.Context) {
 				s.table.Store(nil)
 				at = time.Time{}
 			}
+		case e, ok := <-lw.Updates():
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue
+			}
+			holder = ""
+			if e.Operation() == jetstream.KeyValuePut {
+				holder = string(e.Value())
+			}
+			if holder != "" && early.owner == holder && time.Since(early.at) <= s.cfg.TTL {
+				t := early.t // its own variable: early is reused
+				s.table.Store(&t)
+				at = early.at
+				s.updates.Add(1)
+				early.t, early.owner = nil, ""
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
@@ -185,17 +255,27 @@ func (s *Sources) watch(ctx context.Context) {
 				at = time.Time{}
 				continue
 			}
-			t, err := parseSourcesTable(e.Value())
+			owner, t, err := parseSourcesTable(e.Value())
 			if err != nil {
 				s.malformed.Add(1)
 				s.warn("natsstream: dropped a malformed sources table", "err", err)
 				continue
 			}
-			s.table.Store(&t)
-			at = time.Now()
-			if initial && e.Created().Before(at) {
-				at = e.Created()
+			arrived := time.Now()
+			if initial && e.Created().Before(arrived) {
+				arrived = e.Created()
 			}
+			if owner != holder {
+				s.notHolder.Add(1)
+				early.owner, early.t, early.at = owner, t, arrived
+				if _, ok := s.warnedHolder.Allow(time.Minute); ok {
+					s.log.Warn("natsstream: dropped a sources table not from the relay lease's holder (yet)",
+						"owner", truncate(owner, 256), "holder", holder)
+				}
+				continue
+			}
+			s.table.Store(&t)
+			at = arrived
 			s.updates.Add(1)
 		}
 	}
@@ -227,23 +307,30 @@ func (s *Sources) warn(msg string, args ...any) {
 // SourcesStats are a Sources' counters.
 type SourcesStats struct {
 	Written, WriteErrors uint64 // tables this relay wrote, and failed to
-	Updates, Malformed   uint64 // tables this replica received, and dropped as malformed
-	Holders              int    // holders in the table now, -1 for none
+	Updates, Malformed   uint64 // tables this replica took, and dropped as malformed
+	// NotHolder counts the tables this replica dropped, or held back
+	// until the lease's update, as not from the lease's holder.
+	NotHolder uint64
+	Holders   int // holders in the table now, -1 for none
 }
 
 // Stats returns the counters.
 func (s *Sources) Stats() SourcesStats {
 	st := SourcesStats{Written: s.written.Load(), WriteErrors: s.writeErrors.Load(), Updates: s.updates.Load(),
-		Malformed: s.malformed.Load(), Holders: -1}
+		Malformed: s.malformed.Load(), NotHolder: s.notHolder.Load(), Holders: -1}
 	if t := s.table.Load(); t != nil {
 		st.Holders = len(*t)
 	}
 	return st
 }
 
-// The table is one line per holder, "state rank pod\n": pod names are
-// printable ASCII without spaces (events.ValidPodName), states are words.
-func appendSourcesTable(b []byte, hs []events.HolderStatus) []byte {
+// The table is a line naming the relay lease's owner, "owner <owner>\n",
+// then one line per holder, "state rank pod\n": pod names are printable
+// ASCII without spaces (events.ValidPodName), states are words.
+func appendSourcesTable(b []byte, owner string, hs []events.HolderStatus) []byte {
+	b = append(b, "owner "...)
+	b = append(b, owner...)
+	b = append(b, '\n')
 	for _, h := range hs {
 		b = append(b, h.State...)
 		b = append(b, ' ')
@@ -257,7 +344,12 @@ func appendSourcesTable(b []byte, hs []events.HolderStatus) []byte {
 
 var errSourcesTable = errors.New("natsstream: bad sources table line")
 
-func parseSourcesTable(b []byte) (map[index.Holder]string, error) {
+func parseSourcesTable(b []byte) (owner string, _ map[index.Holder]string, _ error) {
+	first, b, _ := bytes.Cut(b, []byte{'\n'})
+	o, ok := bytes.CutPrefix(first, []byte("owner "))
+	if !ok || len(o) == 0 || bytes.IndexByte(o, '\n') >= 0 {
+		return "", nil, fmt.Errorf("%w: no owner line: %q", errSourcesTable, truncate(string(first), 64))
+	}
 	t := map[index.Holder]string{}
 	for len(b) > 0 {
 		line, rest, _ := bytes.Cut(b, []byte{'\n'})
@@ -266,9 +358,9 @@ func parseSourcesTable(b []byte) (map[index.Holder]string, error) {
 		rank, pod, ok2 := bytes.Cut(tail, []byte{' '})
 		r, err := strconv.Atoi(string(rank))
 		if !ok1 || !ok2 || err != nil || r < 0 || events.ValidPodName(string(pod)) != nil {
-			return nil, fmt.Errorf("%w: %q", errSourcesTable, line)
+			return "", nil, fmt.Errorf("%w: %q", errSourcesTable, line)
 		}
 		t[index.Holder{Pod: string(pod), Rank: r}] = string(state)
 	}
-	return t, nil
+	return string(o), t, nil
 }

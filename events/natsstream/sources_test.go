@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
@@ -35,7 +36,8 @@ func TestSourcesCarryTheLeadingRelaysHolderStatesToReplicas(t *testing.T) {
 	env := startNATS(t)
 	const interval = 100 * time.Millisecond
 	_, js := env.connect(t)
-	relaySide, err := NewSources(context.Background(), SourcesConfig{JetStream: js, Interval: interval})
+	relay := startLeadingRelay(t, js)
+	relaySide, err := NewSources(context.Background(), SourcesConfig{JetStream: js, Interval: interval, Relay: relay})
 	require.NoError(t, err)
 	_, js2 := env.connect(t)
 	replicaSide, err := NewSources(context.Background(), SourcesConfig{JetStream: js2, Interval: interval})
@@ -87,25 +89,88 @@ func TestSourcesCarryTheLeadingRelaysHolderStatesToReplicas(t *testing.T) {
 	require.Equal(t, -1, replicaSide.Stats().Holders)
 }
 
+// startLeadingRelay runs a relay on js until the test ends and waits
+// until it holds the lease.
+func startLeadingRelay(t *testing.T, js jetstream.JetStream) *Relay {
+	t.Helper()
+	relay, err := NewRelay(context.Background(), RelayConfig{JetStream: js, Name: "relay", LeaseTTL: time.Second, Retain: 10 * time.Second})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { _ = relay.Run(ctx) })
+	waitLeader(t, relay)
+	return relay
+}
+
+// A client with publish rights on the sources bucket (and none on the
+// lease) writes a table calling its own pod live: replicas drop it, as
+// they drop one from a relay that lost the lease, and take the lease
+// holder's.
+func TestReplicasTakeSourcesTablesOnlyFromTheRelayLeasesHolder(t *testing.T) {
+	env := startNATS(t)
+	const interval = 100 * time.Millisecond
+	_, js := env.connect(t)
+	relay := startLeadingRelay(t, js)
+	_, js2 := env.connect(t)
+	replicaSide, err := NewSources(context.Background(), SourcesConfig{JetStream: js2, Interval: interval, TTL: time.Minute})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, replicaSide.Watch(ctx)) })
+
+	_, injector := env.connect(t)
+	kv, err := injector.KeyValue(context.Background(), DefaultStream+"_SOURCES")
+	require.NoError(t, err)
+	injected := index.Holder{Pod: "10.6.6.6:8000"}
+	for _, table := range []string{
+		"live 0 10.6.6.6:8000\n",                       // as tables were
+		"owner someone-else/1\nlive 0 10.6.6.6:8000\n", // another owner
+	} {
+		before := replicaSide.Stats()
+		_, err = kv.Put(context.Background(), sourcesKey, []byte(table))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			st := replicaSide.Stats()
+			return st.NotHolder+st.Malformed > before.NotHolder+before.Malformed
+		}, 5*time.Second, 5*time.Millisecond)
+		_, ok := replicaSide.Source(injected)
+		require.False(t, ok, "the injected pod is a source: %q", table)
+	}
+	require.Equal(t, uint64(1), replicaSide.Stats().NotHolder)
+	require.Equal(t, uint64(1), replicaSide.Stats().Malformed)
+
+	// The holder's table is taken. (Without SourcesConfig.Relay, as
+	// kvsource serve runs it, the table names the lease bucket's holder.)
+	relaySide, err := NewSources(context.Background(), SourcesConfig{JetStream: js, Interval: interval})
+	require.NoError(t, err)
+	st := &fakeStatus{}
+	st.set(events.HolderStatus{Pod: "10.0.0.1:8000", State: events.StateLive})
+	runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, relaySide.Publish(ctx, st.get, relay.Leader)) })
+	require.Eventually(t, func() bool { _, ok := replicaSide.Source(index.Holder{Pod: "10.0.0.1:8000"}); return ok }, 5*time.Second, 5*time.Millisecond)
+	_, ok := replicaSide.Source(injected)
+	require.False(t, ok)
+}
+
 func TestSourcesTableRoundTripsAndRefusesMalformedLines(t *testing.T) {
 	hs := []events.HolderStatus{{Pod: "10.0.0.1:8000", State: events.StateLive}, {Pod: "[fd00::1]:8000", Rank: 3, State: events.StateConflict},
 		{Pod: "vllm-0.vllm.svc:8000", State: events.StateStale}}
-	got, err := parseSourcesTable(appendSourcesTable(nil, hs))
+	owner, got, err := parseSourcesTable(appendSourcesTable(nil, "relay-a/0123abcd", hs))
 	require.NoError(t, err)
+	require.Equal(t, "relay-a/0123abcd", owner)
 	require.Equal(t, map[index.Holder]string{{Pod: "10.0.0.1:8000"}: "live", {Pod: "[fd00::1]:8000", Rank: 3}: "conflict",
 		{Pod: "vllm-0.vllm.svc:8000"}: "stale"}, got)
+	for _, bad := range []string{"live 0 10.0.0.1:8000", "owner \nlive 0 10.0.0.1:8000"} {
+		_, _, err := parseSourcesTable([]byte(bad + "\n"))
+		require.ErrorIs(t, err, errSourcesTable, "no owner: %q", bad)
+	}
 	for _, bad := range []string{"live", "live 0", "live x 10.0.0.1:8000", "live -1 10.0.0.1:8000", "live 0 bad\tname:1", "live 0 10.0.0.1:8000 extra"} {
-		_, err := parseSourcesTable([]byte(bad + "\n"))
+		_, _, err := parseSourcesTable([]byte("owner r\n" + bad + "\n"))
 		require.ErrorIs(t, err, errSourcesTable, bad)
 	}
 }
 
 func FuzzParseSourcesTable(f *testing.F) {
-	f.Add([]byte("live 0 10.0.0.1:8000\nstale 2 vllm-0:8000\n"))
+	f.Add([]byte("owner r/1\nlive 0 10.0.0.1:8000\nstale 2 vllm-0:8000\n"))
 	f.Add([]byte("live 99999999999999999999 a:1\n"))
 	f.Add([]byte("\n\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tbl, err := parseSourcesTable(b)
+		owner, tbl, err := parseSourcesTable(b)
 		if err != nil {
 			return
 		}
@@ -113,9 +178,10 @@ func FuzzParseSourcesTable(f *testing.F) {
 		for h, st := range tbl {
 			hs = append(hs, events.HolderStatus{Pod: h.Pod, Rank: h.Rank, State: st})
 		}
-		again, err := parseSourcesTable(appendSourcesTable(nil, hs))
+		owner2, again, err := parseSourcesTable(appendSourcesTable(nil, owner, hs))
 		require.NoError(t, err)
 		require.Equal(t, tbl, again)
+		require.Equal(t, owner, owner2)
 	})
 }
 
@@ -125,7 +191,7 @@ func TestSourcesTableIsWrittenAtOnceWhenTheLeaseIsTaken(t *testing.T) {
 	// taking the lease can come in time.
 	const interval = time.Minute
 	_, js := env.connect(t)
-	relaySide, err := NewSources(context.Background(), SourcesConfig{JetStream: js, Interval: interval})
+	relaySide, err := NewSources(context.Background(), SourcesConfig{JetStream: js, Interval: interval, Relay: startLeadingRelay(t, js)})
 	require.NoError(t, err)
 	var leader atomic.Bool
 	var asked atomic.Int64

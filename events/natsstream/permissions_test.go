@@ -1,0 +1,144 @@
+package natsstream
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/index"
+)
+
+// violations collects a connection's asynchronous errors: permission
+// violations among them.
+type violations struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.errs = append(v.errs, err.Error())
+}
+
+func (v *violations) list() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.errs...)
+}
+
+// A fleet runs under users that have exactly the permissions each role
+// lists: relays publish and write the sources table, replicas consume,
+// load and store snapshots and share pulls without a single permission
+// violation, and a replica's credentials can neither publish a batch, nor
+// write a sources table, nor change the stream.
+func TestFleetRunsUnderEachRolesPermissionsAndReplicasCannotPublish(t *testing.T) {
+	var cfg Config
+	user := func(name string, role Role) *server.User {
+		p := cfg.Permissions(role)
+		return &server.User{Username: name, Password: name + "-pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: p.Publish}, Subscribe: &server.SubjectPermission{Allow: p.Subscribe}}}
+	}
+	url := startServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir(),
+		Users: []*server.User{user("relay", RoleRelay), user("replica", RoleReplica), user("snap", RoleSnapshotter)}})
+	connect := func(name string) (jetstream.JetStream, *violations) {
+		v := &violations{}
+		opts, err := ConnConfig{User: name, Password: name + "-pw"}.Options()
+		require.NoError(t, err)
+		nc, err := nats.Connect(url, append(opts, nats.ErrorHandler(v.handler))...)
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		return js, v
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	rjs, rv := connect("relay")
+	relay, err := NewRelay(ctx, RelayConfig{Config: cfg, JetStream: rjs, Name: "relay", LeaseTTL: time.Second, Retain: 10 * time.Second})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { _ = relay.Run(ctx) })
+	waitLeader(t, relay)
+	rsrc, err := NewSources(ctx, SourcesConfig{Config: cfg, JetStream: rjs, Interval: 100 * time.Millisecond, Relay: relay})
+	require.NoError(t, err)
+	st := &fakeStatus{}
+	st.set(events.HolderStatus{Pod: "10.0.0.1:8000", State: events.StateLive})
+	runUntilCleanup(t, func(ctx context.Context) { _ = rsrc.Publish(ctx, st.get, relay.Leader) })
+
+	bound := cfg
+	bound.Bind = true
+	pjs, pv := connect("replica")
+	replica := openReplica(t, pjs, ReplicaConfig{Config: bound, Name: "replica"})
+	psrc, err := NewSources(ctx, SourcesConfig{Config: bound, JetStream: pjs, Interval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { _ = psrc.Watch(ctx) })
+	fleet, err := NewFleet(ctx, FleetConfig{Config: bound, JetStream: pjs, Name: "replica"})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { _ = fleet.Run(ctx) })
+
+	sjs, sv := connect("snap")
+	snap := openReplica(t, sjs, ReplicaConfig{Config: bound, Name: "snap", SnapshotInterval: time.Hour})
+
+	for seq := range uint64(3) {
+		relay.Tap(events.TapBatch{Model: "m", Pod: "10.0.0.1:8000", Seq: seq, Payload: storeBatch(seq+1, 1)})
+	}
+	require.NoError(t, relay.Flush(ctx))
+	waitApplied(t, 3, replica, snap)
+	require.Equal(t, 3, replica.Index().HolderBlocks("m", index.Holder{Pod: "10.0.0.1:8000"})["GPU"])
+	require.Eventually(t, func() bool { _, ok := psrc.Source(index.Holder{Pod: "10.0.0.1:8000"}); return ok }, 10*time.Second, 10*time.Millisecond)
+	fleet.Started(index.Holder{Pod: "10.0.0.1:8000"})
+	require.Eventually(t, func() bool { return fleet.Stats().Started == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, snap.Snapshot(ctx))
+	relay.Tap(events.TapBatch{Model: "m", Pod: "10.0.0.1:8000", Seq: 3, Payload: storeBatch(4, 1)})
+	require.NoError(t, relay.Flush(ctx))
+	waitApplied(t, 4, snap)
+	require.NoError(t, snap.Snapshot(ctx), "the second snapshot purges what the first covered")
+	// A new replica starts from it.
+	warm := openReplica(t, pjs, ReplicaConfig{Config: bound, Name: "warm"})
+	require.NoError(t, warm.WaitReady(ctx))
+	require.Equal(t, 4, warm.Index().HolderBlocks("m", index.Holder{Pod: "10.0.0.1:8000"})["GPU"])
+
+	require.Empty(t, rv.list(), "the relay's permissions are enough")
+	require.Empty(t, pv.list(), "the replica's permissions are enough")
+	require.Empty(t, sv.list(), "the snapshotter's permissions are enough")
+
+	// What a replica's credentials cannot do.
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelShort()
+	_, err = pjs.PublishMsg(short, garbageMsg(cfg, "10.6.6.6:8000", "0", storeBatch(1<<30, 1)))
+	require.Error(t, err, "a replica publishes a batch")
+	kv, err := pjs.KeyValue(ctx, DefaultStream+"_SOURCES")
+	require.NoError(t, err, "a replica reads the sources bucket")
+	short2, cancelShort2 := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelShort2()
+	_, err = kv.Put(short2, sourcesKey, appendSourcesTable(nil, relay.lease.owner, []events.HolderStatus{{Pod: "10.6.6.6:8000", State: events.StateLive}}))
+	require.Error(t, err, "a replica writes a sources table")
+	short3, cancelShort3 := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelShort3()
+	_, err = pjs.UpdateStream(short3, jetstream.StreamConfig{Name: DefaultStream, Subjects: []string{"evil.>"}})
+	require.Error(t, err, "a replica changes the stream")
+	require.NotEmpty(t, pv.list())
+	for _, e := range pv.list() {
+		require.Contains(t, e, "Permissions Violation")
+	}
+	require.Equal(t, uint64(4), streamLastOf(t, rjs), "nothing the replica tried is on the stream")
+	_, ok := psrc.Source(index.Holder{Pod: "10.6.6.6:8000"})
+	require.False(t, ok)
+}
+
+func streamLastOf(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), DefaultStream)
+	require.NoError(t, err)
+	info, err := s.Info(context.Background())
+	require.NoError(t, err)
+	return info.State.LastSeq
+}
