@@ -296,6 +296,9 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 		return cfg, err
 	}
 	fs.Visit(func(f *flag.Flag) { cfg.NATS.set = append(cfg.NATS.set, f.Name) })
+	if err := cfg.NATS.secretFiles(); err != nil {
+		return cfg, err
+	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}

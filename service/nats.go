@@ -9,10 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -50,12 +52,26 @@ type NATSConfig struct {
 	SnapshotInterval time.Duration
 	MaxLag           time.Duration
 	Replicas         int
-	// set names the flags given on the command line.
-	set []string
+	// Conn is how the connection authenticates and is secured (see the
+	// natsstream package doc's Security section).
+	Conn natsstream.ConnConfig
+	// Bind has a replica use the relays' stream and buckets without the
+	// rights to create or change them (natsstream.Config.Bind).
+	Bind bool
+	// MaxControlLine is the server's max_control_line, for a relay
+	// (natsstream.RelayConfig.MaxControlLine); zero: the server's default.
+	MaxControlLine int
+	// set names the flags given on the command line; secretFiles reads
+	// the password and token they name, after parsing.
+	set         []string
+	secretFiles func() error
 }
 
 // replicaFlags are the flags only a replica acts on.
-var replicaFlags = []string{"nats-models", "nats-snapshot-interval", "nats-max-lag"}
+var replicaFlags = []string{"nats-models", "nats-snapshot-interval", "nats-max-lag", "nats-bind"}
+
+// relayFlags are the flags only a relay acts on.
+var relayFlags = []string{"nats-max-control-line"}
 
 const (
 	RoleRelay   = "relay"
@@ -71,6 +87,37 @@ func (c *NATSConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SnapshotInterval, "nats-snapshot-interval", time.Minute, "replica: compete for the snapshot lease and store a shared snapshot this often (0: never)")
 	fs.IntVar(&c.Replicas, "nats-replicas", 1, "JetStream replication of the stream and buckets when this process creates them (3 on a three-node cluster)")
 	fs.DurationVar(&c.MaxLag, "nats-max-lag", natsstream.DefaultMaxLag, "replica: /healthz fails while the replica lags the stream by more")
+	fs.StringVar(&c.Conn.CredsFile, "nats-creds", "", "NATS credentials file (a user JWT and its nkey seed, as nsc writes it)")
+	fs.StringVar(&c.Conn.NKeySeedFile, "nats-nkey", "", "file holding a NATS user nkey seed (SU...)")
+	fs.StringVar(&c.Conn.User, "nats-user", "", "NATS user name (with the password from $KVSOURCE_NATS_PASSWORD or --nats-password-file)")
+	var passwordFile, tokenFile string
+	fs.StringVar(&passwordFile, "nats-password-file", "", "file holding the NATS user's password (or set $KVSOURCE_NATS_PASSWORD); kept off the command line, where ps shows it")
+	fs.StringVar(&tokenFile, "nats-token-file", "", "file holding a NATS token (or set $KVSOURCE_NATS_TOKEN)")
+	fs.StringVar(&c.Conn.TLSCA, "nats-tls-ca", "", "PEM file of the CAs that sign the NATS server's certificate (requires TLS)")
+	fs.StringVar(&c.Conn.TLSCert, "nats-tls-cert", "", "PEM client certificate for NATS mutual TLS, with --nats-tls-key")
+	fs.StringVar(&c.Conn.TLSKey, "nats-tls-key", "", "PEM key of --nats-tls-cert")
+	fs.BoolVar(&c.Bind, "nats-bind", false, "replica: use the relays' stream and buckets without creating or updating them (for a NATS user with only a replica's permissions; start the relays first)")
+	fs.IntVar(&c.MaxControlLine, "nats-max-control-line", natsstream.DefaultMaxControlLine, "relay: the NATS server's max_control_line; a batch whose subject is longer is dropped and counted")
+	c.secretFiles = func() error {
+		var err error
+		if c.Conn.Password, err = secret(passwordFile, "KVSOURCE_NATS_PASSWORD", "--nats-password-file"); err != nil {
+			return err
+		}
+		c.Conn.Token, err = secret(tokenFile, "KVSOURCE_NATS_TOKEN", "--nats-token-file")
+		return err
+	}
+}
+
+// secret reads a secret from file, else from the environment variable env.
+func secret(file, env, flag string) (string, error) {
+	if file == "" {
+		return os.Getenv(env), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 func (c *NATSConfig) check(cfg *Config) error {
@@ -87,6 +134,8 @@ func (c *NATSConfig) check(cfg *Config) error {
 		return errors.New("a replica shares snapshots through JetStream: --snapshot is for standalone and relay")
 	case c.Role == RoleRelay && slices.ContainsFunc(c.set, func(f string) bool { return slices.Contains(replicaFlags, f) }):
 		return fmt.Errorf("--%s are a replica's flags; a relay has no use for them", strings.Join(replicaFlags, ", --"))
+	case c.Role == RoleReplica && slices.ContainsFunc(c.set, func(f string) bool { return slices.Contains(relayFlags, f) }):
+		return fmt.Errorf("--%s are a relay's flags; a replica has no use for them", strings.Join(relayFlags, ", --"))
 	case c.Replicas < 1:
 		return fmt.Errorf("--nats-replicas must be at least 1, got %d", c.Replicas)
 	case c.MaxLag <= 0:
@@ -116,6 +165,8 @@ type natsRole struct {
 	// pickers pull only from holders the relay has live.
 	sources *natsstream.Sources
 	wg      sync.WaitGroup
+	// lastErr is the newest failed connection attempt's error.
+	lastErr atomic.Pointer[error]
 }
 
 // newServeNATS connects to NATS and sets up the role's streams and
@@ -130,14 +181,19 @@ func newServeNATS(ctx context.Context, cfg Config, log *slog.Logger) (*natsRole,
 	// Every failed attempt, at start-up as later, is logged (at most one
 	// line a second): a server that is down is never silent.
 	var retries ratelog.Gate
-	n.nc, err = nats.Connect(c.URL, nats.Name("kvsource "+c.Role), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
+	security, err := c.Conn.Options()
+	if err != nil {
+		return nil, fmt.Errorf("--nats: %w", err)
+	}
+	n.nc, err = nats.Connect(c.URL, append(security, nats.Name("kvsource "+c.Role), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.ReconnectWait(natsRetryWait),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			n.lastErr.Store(&err)
 			if skipped, ok := retries.Allow(time.Second); ok {
 				log.Warn("kvsource serve: NATS connection attempt failed, retrying", "nats", redactNATS(c.URL), "err", err,
 					"every", natsRetryWait, "left_out", skipped)
 			}
-		}))
+		}))...)
 	if err != nil {
 		return nil, fmt.Errorf("--nats %s: %w", redactNATS(c.URL), err)
 	}
@@ -154,9 +210,10 @@ func newServeNATS(ctx context.Context, cfg Config, log *slog.Logger) (*natsRole,
 	}
 	log.Info("kvsource serve: setting up on NATS", "nats", redactNATS(c.URL), "role", c.Role, "stream", c.Stream,
 		"server_version", n.nc.ConnectedServerVersion())
-	shared := natsstream.Config{Stream: c.Stream, Replicas: c.Replicas}
+	shared := natsstream.Config{Stream: c.Stream, Replicas: c.Replicas, Bind: c.Bind}
 	if c.Role == RoleRelay {
-		n.relay, err = natsstream.NewRelay(ctx, natsstream.RelayConfig{Config: shared, JetStream: js, Name: c.Name, Logger: log})
+		n.relay, err = natsstream.NewRelay(ctx, natsstream.RelayConfig{Config: shared, JetStream: js, Name: c.Name, Logger: log,
+			MaxControlLine: c.MaxControlLine})
 	} else {
 		var models []string
 		if c.Models != "" {
@@ -214,6 +271,11 @@ func (n *natsRole) awaitConnected(ctx context.Context, log *slog.Logger) error {
 	defer tick.Stop()
 	report := time.After(natsReportAfter)
 	for !n.nc.IsConnected() {
+		// Refused credentials do not get better by retrying.
+		if last := n.lastErr.Load(); last != nil && isNATSAuthError(*last) {
+			return fmt.Errorf("--nats %s: the server refuses the credentials (--nats-creds, --nats-nkey, --nats-user, a token or the URL's): %w",
+				redactNATS(n.cfg.URL), *last)
+		}
 		select {
 		case <-ctx.Done():
 			why := "no answer"
@@ -228,6 +290,11 @@ func (n *natsRole) awaitConnected(ctx context.Context, log *slog.Logger) error {
 		}
 	}
 	return checkNATSVersion(n.nc.ConnectedServerVersion(), redactNATS(n.cfg.URL))
+}
+
+func isNATSAuthError(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) ||
+		strings.Contains(strings.ToLower(err.Error()), "authorization violation")
 }
 
 // checkNATSVersion refuses a server older than MinNATSServer, saying what
@@ -316,6 +383,22 @@ func natsDialError(ctx context.Context, urls string) string {
 	return "the server takes TCP connections but no NATS session came up"
 }
 
+// relayDropped exports a relay's batches never published, by why.
+type relayDropped struct{ r *natsstream.Relay }
+
+var relayDroppedDesc = prometheus.NewDesc("kvsource_relay_dropped_total",
+	"Batches the relay never published, by reason: subject_too_long (over --nats-max-control-line), too_big, failed (every attempt), expired (trimmed before publishing); replicas see each as a gap.",
+	[]string{"reason"}, nil)
+
+func (d relayDropped) Describe(ch chan<- *prometheus.Desc) { ch <- relayDroppedDesc }
+
+func (d relayDropped) Collect(ch chan<- prometheus.Metric) {
+	st := d.r.Stats()
+	for reason, v := range map[string]uint64{"subject_too_long": st.TooLong, "too_big": st.TooBig, "failed": st.Failed, "expired": st.Expired} {
+		ch <- prometheus.MustNewConstMetric(relayDroppedDesc, prometheus.CounterValue, float64(v), reason)
+	}
+}
+
 // pickerSources is the picker's Config.Sources on a replica: the relay's
 // holder states. Elsewhere nil: the service's own subscriber knows them.
 func (n *natsRole) pickerSources() func(index.Holder) (string, bool) {
@@ -386,7 +469,7 @@ func (n *natsRole) healthy() error {
 	case !n.nc.IsConnected():
 		return errors.New("relay disconnected from NATS: the engines' batches are kept, not published")
 	}
-	return nil
+	return n.relay.Healthy()
 }
 
 // handleReplicaPods is a replica's /v1/pods: the holders its index has,
@@ -446,6 +529,7 @@ func (n *natsRole) registerMetrics(reg *prometheus.Registry) {
 		reg.MustRegister(
 			counter("kvsource_sources_tables_received_total", "Holder-state tables received from the leading relay.", func() float64 { return float64(src.Stats().Updates) }),
 			counter("kvsource_sources_tables_malformed_total", "Holder-state tables dropped as malformed.", func() float64 { return float64(src.Stats().Malformed) }),
+			counter("kvsource_sources_tables_not_holder_total", "Holder-state tables dropped (or held back until the lease's update) as not from the relay lease's holder.", func() float64 { return float64(src.Stats().NotHolder) }),
 			gauge("kvsource_sources_table_holders", "Holders in the newest holder-state table; -1 while there is none (no holder is a pull source).", func() float64 { return float64(src.Stats().Holders) }),
 		)
 	}
@@ -456,6 +540,12 @@ func (n *natsRole) registerMetrics(reg *prometheus.Registry) {
 			counter("kvsource_relay_duplicates_total", "Batches the stream already had (another relay's, or a retry).", func() float64 { return float64(r.Stats().Duplicates) }),
 			counter("kvsource_relay_retries_total", "Publishes that failed and were retried.", func() float64 { return float64(r.Stats().Retries) }),
 			counter("kvsource_relay_republished_total", "Kept batches published on taking the lease over.", func() float64 { return float64(r.Stats().Republished) }),
+			counter("kvsource_relay_split_total", "Batches over the server's max_payload published in parts.", func() float64 { return float64(r.Stats().Split) }),
+			counter("kvsource_relay_parts_total", "Parts the split batches were published in.", func() float64 { return float64(r.Stats().Parts) }),
+			gauge("kvsource_relay_backlog", "Batches tapped while leading and not published yet.", func() float64 { return float64(r.Stats().Backlog) }),
+			gauge("kvsource_relay_backlog_seconds", "Age of the oldest batch not published yet.", func() float64 { return r.Stats().BacklogSeconds }),
+			gauge("kvsource_relay_max_payload_bytes", "The NATS server's max_payload, as its INFO announced.", func() float64 { return float64(r.Stats().MaxPayload) }),
+			relayDropped{r},
 		)
 	}
 	if r := n.replica; r != nil {
@@ -471,6 +561,8 @@ func (n *natsRole) registerMetrics(reg *prometheus.Registry) {
 			counter("kvsource_replica_gaps_total", "Holder sequence gaps seen in the stream.", func() float64 { return float64(r.Status().Gaps) }),
 			counter("kvsource_replica_restarts_total", "Engine restarts seen in the stream.", func() float64 { return float64(r.Status().Restarts) }),
 			counter("kvsource_replica_snapshots_stored_total", "Shared snapshots this replica stored.", func() float64 { return float64(r.Status().Snapshots) }),
+			counter("kvsource_replica_joined_batches_total", "Batches put back together from a relay's parts.", func() float64 { return float64(r.Status().Joined) }),
+			counter("kvsource_replica_dropped_parts_total", "Parts dropped: out of order, or of a batch that could not be joined.", func() float64 { return float64(r.Status().DroppedParts) }),
 			gauge("kvsource_fleet_remote_pulls", "Pulls other replicas have in flight.", func() float64 { return float64(f.Stats().Remote) }),
 			counter("kvsource_fleet_dropped_total", "Pull starts and ends not shared: queue full or publish failed.", func() float64 { return float64(f.Stats().Dropped) }),
 		)

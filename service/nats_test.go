@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -291,4 +293,29 @@ func TestNATSVersionCheck(t *testing.T) {
 			require.ErrorIs(t, err, ErrNATSServerTooOld, tc.version)
 		}
 	}
+}
+
+func TestServeAuthenticatesToNATSAndStopsAtOnceOnRefusedCredentials(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+		Username: "kv", Password: "s3cret"})
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	url := srv.ClientURL()
+
+	t.Setenv("KVSOURCE_NATS_PASSWORD", "s3cret")
+	relay, _ := startServe(t, "--nats", url, "--role", "relay", "--nats-user", "kv")
+	require.NotNil(t, relay.nats.relay)
+
+	pw := filepath.Join(t.TempDir(), "pw")
+	require.NoError(t, os.WriteFile(pw, []byte("wrong\n"), 0o600))
+	cfg, err := parseFlags([]string{"--nats", url, "--role", "relay", "--nats-user", "kv", "--nats-password-file", pw}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "wrong", cfg.NATS.Conn.Password, "the file's trailing newline is not the password's")
+	start := time.Now()
+	_, err = newWithLogger(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.ErrorContains(t, err, "refuses the credentials")
+	require.Less(t, time.Since(start), 10*time.Second, "a refusal waited for the set-up timeout")
+	require.NotContains(t, err.Error(), "wrong", "the password is not in the error")
 }
