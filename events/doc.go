@@ -98,7 +98,12 @@
 //   - Pod names (ValidPodName): host:port, [v6]:port or dns-name:port (a bare
 //     host for pods named by configuration), printable ASCII, at most 253
 //     bytes; anything else is dropped before the index (Stats.BadTopic), so
-//     no CR/LF or oversize name reaches a header.
+//     no CR/LF or oversize name reaches a header. A name a resolver reads as
+//     an address is one: IPv4 only in dotted decimal (inet_aton's other
+//     spellings, "127.0.0.05", "0x7f.0.0.5", "127.5", "2130706437", and
+//     any name whose last label is a number, are refused), IPv6 bracketed
+//     without a zone, so no spelling of an address escapes the sender's IP
+//     check as a DNS name.
 //   - Senders, in bind mode (package events/zmq): a pod named by an IP
 //     literal is accepted only from that IP (libzmq's "Peer-Address"), a pod
 //     named by a DNS name only from allowed networks (default loopback),
