@@ -165,6 +165,13 @@ type Config struct {
 	ConflictRestarts int
 	// Logger receives the processor's logs; default slog.Default().
 	Logger *slog.Logger
+	// LogBudget bounds the log lines of each kind (one message, whatever
+	// the pod it names) to this many a second across all pods; default
+	// 10. Each kind is also limited per pod (once a second, or per
+	// MismatchLogInterval), but peers choose the names: 6,000 made-up
+	// pods disconnecting would write 6,000 lines. The next line of a kind
+	// the budget cut says how many it left out (left_out).
+	LogBudget int
 	// Tap, when set, is called with every batch just before it applies,
 	// live or replayed, in the order each holder applies them: gaps
 	// repaired, duplicates dropped. A relay forwards these to a shared
@@ -301,11 +308,14 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if cfg.ConflictRestarts <= 0 {
 		cfg.ConflictRestarts = 3
 	}
+	if cfg.LogBudget <= 0 {
+		cfg.LogBudget = 10
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second}, ctx: context.Background()}, nil
+	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second, budget: cfg.LogBudget}, ctx: context.Background()}, nil
 }
 
 // Config returns the processor's configuration with its defaults filled in.

@@ -970,11 +970,25 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		}
 		diag = hashing.Diagnose(cfg, e.BlockSize, req, e.BlockHashes[:n]).Explain(w.p.cfg.ContentKeysHint)
 	}
-	w.p.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss: "+diag,
-		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
+	// Per holder and interval, but holders are a peer's to make up: the
+	// kind's budget bounds them all.
+	leftOut, ok := w.p.limited.allow(hashMismatchLog)
+	if !ok {
+		return
+	}
+	args := []any{"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
 		"router_algo", string(cfg.Algo), "router_seed", cfg.Seed, "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
-		"mismatches", h.c[cHashMismatches].Load())
+		"mismatches", h.c[cHashMismatches].Load()}
+	w.p.log.Error(hashMismatchLog+diag, withLeftOut(args, leftOut)...)
 }
+
+// The messages of the lines a holder limits by itself, whose kind's budget
+// bounds all holders together.
+const (
+	hashMismatchLog   = "events: engine block hashes disagree with the router's hashing; lookups for this holder will miss: "
+	chunkedOffloadLog = "events: offload tier stores chunks of several GPU blocks, keyed by each chunk's last block; " +
+		"CPU-tier lookups will undercount: configure the offloading connector's block_size equal to the GPU block size"
+)
 
 // maxTrackedGroups bounds the KV cache groups whose GPU block size a holder
 // remembers: group_idx is the peer's to choose.
@@ -1021,9 +1035,11 @@ func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
 	if e.BlockSize%want == 0 {
 		args = append(args, "blocks_per_chunk", e.BlockSize/want)
 	}
-	w.p.log.Warn("events: offload tier stores chunks of several GPU blocks, keyed by each chunk's last block; "+
-		"CPU-tier lookups will undercount: configure the offloading connector's block_size equal to the GPU block size",
-		args...)
+	leftOut, ok := w.p.limited.allow(chunkedOffloadLog)
+	if !ok {
+		return true
+	}
+	w.p.log.Warn(chunkedOffloadLog, withLeftOut(args, leftOut)...)
 	return true
 }
 
