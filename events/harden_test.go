@@ -227,6 +227,11 @@ func TestSourceIsOnlyALiveHolderHeardFromSinceStart(t *testing.T) {
 	p.PodConnected("live:1", false)
 	require.Equal(t, uint64(1), p.Stats().Disconnects, "counted once per transition")
 	p.PodConnected("live:1", true)
+	state, ok = p.Source(live)
+	require.False(t, ok, "a reconnect alone does not say whether the engine restarted")
+	require.Equal(t, StateReconnected, state)
+	p.Handle(t.Context(), Message{Pod: "live:1", Model: "m", Seq: 1, Payload: storedPayload(t, 3)})
+	require.NoError(t, p.Sync(t.Context()))
 	_, ok = p.Source(live)
 	require.True(t, ok)
 }

@@ -240,11 +240,16 @@ type Processor struct {
 	holders  sync.Map // index.Holder -> *holder
 	nHolders atomic.Int64
 	evictMu  sync.Mutex // one eviction at a time, so two cannot pick one victim
-	// down holds the pods whose transport reported their connection down.
-	down  sync.Map // pod -> struct{}
-	nDown atomic.Int64
+	// pods holds the state of each pod with holders or messages in flight,
+	// its connection's included: bounded by the holders that exist and
+	// twice Config.MaxHolders for the others, not by the pods ever heard
+	// from.
 	pods  sync.Map // pod -> *podState
 	nPods atomic.Int64
+	// epoch counts the pods' reconnects: a message is stamped with it when
+	// handed, a reconnect with its new value, so that a holder knows
+	// whether it applied a message sent after its pod's latest reconnect.
+	epoch atomic.Uint64
 	// overflow counts the messages of pods past Config.MaxHolders pods
 	// together; their replays run on the worker, so that they too are
 	// handled in the order they were handed.
@@ -256,9 +261,15 @@ type Processor struct {
 
 // podState counts how many of a pod's messages were handed and how many
 // have been handled, which is what Sync waits on: one pod's messages are
-// handled in order.
+// handled in order. It also holds the pod's connection state, as its
+// transport reports it.
 type podState struct {
 	handed, closed atomic.Uint64
+	// holders counts the pod's holders; the pod's worker alone writes it.
+	holders atomic.Int64
+	down    atomic.Bool
+	// upAt is Processor.epoch at the pod's latest reconnect.
+	upAt atomic.Uint64
 }
 
 // NewProcessor checks cfg and returns a Processor; Start starts it.
@@ -393,7 +404,7 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 			return
 		}
 	}
-	msg := message{Message: m, ps: p.podState(m.Pod)}
+	msg := message{Message: m, ps: p.podState(m.Pod), epoch: p.epoch.Load()}
 	if msg.ps == nil {
 		msg.ps = &p.overflow
 	} else {
@@ -532,13 +543,37 @@ func (p *Processor) errCount(pod string) *atomic.Uint64 {
 	return v.(*atomic.Uint64)
 }
 
-// podState returns pod's state, nil when pod is new and Config.MaxHolders
-// pods already have one.
+// Tracked reports whether the processor keeps state for pod: it has
+// holders, or messages on their way to a worker. A transport that keeps
+// state of its own per pod (package events/zmq: which address a pod
+// publishes from) forgets pods no longer tracked, so that its state too is
+// bounded by the holders that exist rather than by every name ever heard.
+func (p *Processor) Tracked(pod string) bool {
+	_, ok := p.pods.Load(pod)
+	return ok
+}
+
+// podState returns pod's state, nil when pod is new and twice
+// Config.MaxHolders pods already have one (those of the holders and of
+// messages on their way to a worker); a holder's own state is made by
+// holderState.
 func (p *Processor) podState(pod string) *podState {
+	return p.loadPodState(pod, 2*int64(p.cfg.MaxHolders))
+}
+
+// holderState returns pod's state for a holder of it being made, beyond
+// podState's bound if need be: every holder must have one, or the pod's
+// disconnects would go unseen, and there are at most Config.MaxHolders
+// holders.
+func (p *Processor) holderState(pod string) *podState {
+	return p.loadPodState(pod, -1)
+}
+
+func (p *Processor) loadPodState(pod string, limit int64) *podState {
 	if v, ok := p.pods.Load(pod); ok {
 		return v.(*podState)
 	}
-	if p.nPods.Add(1) > int64(p.cfg.MaxHolders) {
+	if n := p.nPods.Add(1); limit >= 0 && n > limit {
 		p.nPods.Add(-1)
 		return nil
 	}
@@ -549,18 +584,18 @@ func (p *Processor) podState(pod string) *podState {
 	return v.(*podState)
 }
 
-// forgetPod drops the state of pod, whose last holder was evicted, when
-// none of its messages is in flight: the Config.MaxHolders pod states are
-// then those of pods still followed, and a new pod after a flood of
-// made-up names gets one of its own rather than the shared overflow
-// (whose replays hold the worker). A message of pod arriving meanwhile
-// makes a new state.
+// forgetPod drops the state of pod, which has no holder (its last was
+// evicted, or its messages made none), when none of its messages is in
+// flight: the Config.MaxHolders pod states are then those of pods still
+// followed, and a new pod after a flood of made-up names gets one of its
+// own rather than the shared overflow (whose replays hold the worker). A
+// message of pod arriving meanwhile makes a new state.
 func (p *Processor) forgetPod(pod string) {
 	v, ok := p.pods.Load(pod)
 	if !ok {
 		return
 	}
-	if ps := v.(*podState); ps.handed.Load() != ps.closed.Load() {
+	if ps := v.(*podState); ps.holders.Load() != 0 || ps.handed.Load() != ps.closed.Load() {
 		return
 	}
 	if p.pods.CompareAndDelete(pod, v) {

@@ -49,13 +49,20 @@ type holder struct {
 	lastBack        time.Time
 	lastConflictSeq uint64
 
-	c        counters // those of Counters kept per holder
-	lastSeq  atomic.Uint64
-	stale    atomic.Bool
-	hasSeq   atomic.Bool  // lastSeq is a batch applied (or InitialSeqs)
-	heard    atomic.Bool  // a batch applied since the processor started
-	heardAt  atomic.Int64 // Unix nanoseconds of its latest message
-	conflict atomic.Bool  // in state conflict
+	c counters // those of Counters kept per holder
+	// ps is the state of the holder's pod, its connection's included; nil
+	// only while the holder is being made.
+	ps atomic.Pointer[podState]
+	// confirmed is the highest Processor.epoch a message the holder
+	// handled was stamped with: at its pod's latest reconnect or later,
+	// the message was sent after it.
+	confirmed atomic.Uint64
+	lastSeq   atomic.Uint64
+	stale     atomic.Bool
+	hasSeq    atomic.Bool  // lastSeq is a batch applied (or InitialSeqs)
+	heard     atomic.Bool  // a batch applied since the processor started
+	heardAt   atomic.Int64 // Unix nanoseconds of its latest message
+	conflict  atomic.Bool  // in state conflict
 	// evicted: Processor.evict forgot it; its worker clears its entries.
 	evicted atomic.Bool
 }
@@ -80,6 +87,7 @@ type message struct {
 	Message
 	ps      *podState // Processor.overflow past Config.MaxHolders pods
 	tracked bool      // ps is the pod's own: its replays may run off the worker
+	epoch   uint64    // Processor.epoch when it was handed
 }
 
 // pending is a pod whose replay runs off the worker, and what arrived for
@@ -237,6 +245,11 @@ func (w *worker) closeMessage(m message) {
 	if m.ps != nil {
 		m.ps.closed.Add(1)
 	}
+	if m.tracked && m.ps.holders.Load() == 0 {
+		// Its messages made no holder (malformed, dropped): it must not
+		// keep a pod state for good.
+		w.p.forgetPod(m.Pod)
+	}
 	w.p.applied.Broadcast()
 }
 
@@ -359,12 +372,15 @@ func (w *worker) evictHolder(h *holder) {
 	}
 	delete(w.holders, h.id)
 	w.removeHolder(h.id, h.model)
-	for id := range w.holders {
-		if id.Pod == h.id.Pod {
-			return
-		}
+	w.detach(h)
+}
+
+// detach undoes holder's count of h in its pod's state, for a holder
+// forgotten: the pod's state goes with its last holder.
+func (w *worker) detach(h *holder) {
+	if ps := h.ps.Load(); ps != nil && ps.holders.Add(-1) == 0 {
+		w.p.forgetPod(h.id.Pod)
 	}
-	w.p.forgetPod(h.id.Pod)
 }
 
 func (w *worker) removeHolder(id index.Holder, model string) {
@@ -391,6 +407,7 @@ func (w *worker) expire() {
 			delete(w.holders, id)
 			w.p.holders.Delete(id)
 			w.p.nHolders.Add(-1)
+			w.detach(h)
 		}
 		w.p.cfg.Sink.(HolderRemover).RemoveHolder(id)
 		w.p.c[cExpired].Add(1)
@@ -431,6 +448,13 @@ func (w *worker) holder(m *message, rank int) *holder {
 		w.holders[id] = h
 		w.p.holders.Store(id, h)
 	}
+	if h.ps.Load() == nil {
+		// Not m.ps: it is the overflow past the bound, or a state
+		// forgotten while m was handed.
+		ps := w.p.holderState(m.Pod)
+		ps.holders.Add(1)
+		h.ps.Store(ps)
+	}
 	h.replay = m.Replay
 	h.heardAt.Store(time.Now().UnixNano())
 	if h.model != m.Model {
@@ -458,12 +482,23 @@ func (w *worker) handle(m message) {
 			// The payload decoded before; only the buffers differ.
 			_ = ow.dec.Decode(m.Payload, &ow.batch)
 			ow.step(h, m.Seq, m.Payload)
+			confirm(h, m.epoch)
 			ow.closeMessage(m)
 		})
 		return
 	}
 	w.step(h, m.Seq, m.Payload)
+	confirm(h, m.epoch)
 	w.closeMessage(m)
+}
+
+// confirm records that h handled a message stamped with epoch: its
+// sequence number showed whether the engine restarted, and step cleared
+// the entries if it did.
+func confirm(h *holder, epoch uint64) {
+	if epoch > h.confirmed.Load() {
+		h.confirmed.Store(epoch)
+	}
 }
 
 // replays reports whether step(h, seq) would replay.

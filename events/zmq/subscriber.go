@@ -361,7 +361,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	started = true
 	r := &receiver{s: s, poller: zmq4.NewPoller(), bind: bind, bindMon: bindMon, live: map[string]*conn{},
 		bySock: map[*zmq4.Socket]*conn{}, byMon: map[*zmq4.Socket]*conn{}, podUp: map[string]int{},
-		links: newLinks(2*s.proc.Config().MaxHolders, s.cfg.MaxPodsPerSender)}
+		links: newLinks(4*s.proc.Config().MaxHolders, s.cfg.MaxPodsPerSender, s.proc.Tracked)}
 	if bind != nil {
 		r.poller.Add(bindMon, zmq4.POLLIN)
 		r.poller.Add(bind, zmq4.POLLIN)
