@@ -117,32 +117,76 @@ func logName(pod string) string {
 	return pod
 }
 
-// evict makes room for one holder at Config.MaxHolders: it picks the
-// least recently heard holder, those not live first, forgets it and has
-// its worker clear its entries. It reports whether it found one.
+// addSender counts a new holder of sender, and reports false, counting
+// nothing, when sender has Config.MaxHoldersPerSender already.
+func (p *Processor) addSender(sender string) bool {
+	if sender == "" {
+		return true
+	}
+	p.senderMu.Lock()
+	defer p.senderMu.Unlock()
+	if p.senders[sender] >= p.cfg.MaxHoldersPerSender {
+		return false
+	}
+	p.senders[sender]++
+	return true
+}
+
+// removeSender undoes addSender for a holder forgotten.
+func (p *Processor) removeSender(sender string) {
+	if sender == "" {
+		return
+	}
+	p.senderMu.Lock()
+	defer p.senderMu.Unlock()
+	if p.senders[sender]--; p.senders[sender] <= 0 {
+		delete(p.senders, sender)
+	}
+}
+
+// evict makes room for one holder at Config.MaxHolders: it picks a holder
+// of a sender over its share first, then one not live, then the least
+// recently heard (see Config.MaxHolders), forgets it and has its worker
+// clear its entries. It reports whether it found one.
 func (p *Processor) evict() bool {
 	p.evictMu.Lock()
 	defer p.evictMu.Unlock()
+	// Held while choosing, so that the shares are those of one moment;
+	// only new holders and forgotten ones wait for it.
+	p.senderMu.Lock()
+	share := p.cfg.MaxHolders / max(1, len(p.senders))
 	var victim *holder
-	var victimLive bool
+	var victimOver, victimLive bool
 	var victimAt int64
 	p.holders.Range(func(_, v any) bool {
 		h := v.(*holder)
+		over := h.sender != "" && p.senders[h.sender] > share
 		live := p.state(h) == StateLive
 		at := h.heardAt.Load()
-		if victim == nil || (victimLive && !live) || (live == victimLive && at < victimAt) {
-			victim, victimLive, victimAt = h, live, at
+		better := victim == nil
+		switch {
+		case better:
+		case over != victimOver:
+			better = over
+		case live != victimLive:
+			better = !live
+		default:
+			better = at < victimAt
+		}
+		if better {
+			victim, victimOver, victimLive, victimAt = h, over, live, at
 		}
 		return true
 	})
+	p.senderMu.Unlock()
 	if victim == nil || !victim.evicted.CompareAndSwap(false, true) {
 		return false
 	}
 	p.holders.Delete(victim.id)
 	p.c[cEvicted].Add(1)
-	p.limited.logAny(slog.LevelWarn, "events: holder limit reached, forgetting the least recently heard holder", victim.id.Pod,
-		"rank", victim.id.Rank, "state", p.state(victim), "heard", time.Since(time.Unix(0, victimAt)).Round(time.Millisecond),
-		"max_holders", p.cfg.MaxHolders)
+	p.limited.logAny(slog.LevelWarn, "events: holder limit reached, forgetting a holder", logName(victim.id.Pod),
+		"rank", victim.id.Rank, "state", p.state(victim), "sender", victim.sender, "sender_over_share", victimOver,
+		"heard", time.Since(time.Unix(0, victimAt)).Round(time.Millisecond), "max_holders", p.cfg.MaxHolders)
 	p.workerOf(victim.id.Pod).post(chore{evict: victim})
 	return true
 }

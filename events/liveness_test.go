@@ -3,6 +3,7 @@ package events
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -118,4 +119,55 @@ func TestDisconnectTrackingStaysExactAfterChurn(t *testing.T) {
 	state, ok := p.Source(real)
 	require.False(t, ok, "the pod's disconnect was not tracked")
 	require.Equal(t, StateDisconnected, state)
+}
+
+// One sender naming one pod with thousands of data-parallel ranks makes
+// at most MaxHoldersPerSender holders; the rest are dropped and counted,
+// and an idle healthy engine of another sender keeps its blocks.
+func TestOneSenderMakesAtMostItsBoundOfHolders(t *testing.T) {
+	sink := eventstest.NewRecSink()
+	p := startProcessor(t, Config{Sink: sink, MaxHolders: 16, MaxHoldersPerSender: 4})
+	healthy := index.Holder{Pod: "10.0.0.1:8000"}
+	p.Handle(t.Context(), Message{Pod: healthy.Pod, Model: "m", Sender: "10.0.0.1", Payload: storedPayload(t, 1)})
+	for rank := range 500 {
+		p.Handle(t.Context(), Message{Pod: "10.0.0.9:8000", Model: "m", Sender: "10.0.0.9", Payload: rankPayload(t, rank, 2)})
+	}
+	require.NoError(t, p.Sync(t.Context()))
+	require.Len(t, p.Status(), 5)
+	require.Equal(t, uint64(496), p.Stats().SenderHolders)
+	require.Zero(t, p.Stats().Evicted)
+	require.Equal(t, []uint64{1}, sink.Keys("m", healthy, "GPU"))
+}
+
+// Under pressure the senders over their share lose holders first: a
+// flood of names from many senders, each within its own bound, evicts
+// the flood's holders and not an idle real pod that published before it.
+// The case scaled down 32 times: 6,000 names from 94 senders
+// against 4,096 holders and 64 per sender.
+func TestAFloodFromManySendersEvictsItsOwnHoldersFirst(t *testing.T) {
+	sink := eventstest.NewRecSink()
+	p := startProcessor(t, Config{Sink: sink, MaxHolders: 128, MaxHoldersPerSender: 8})
+	real := index.Holder{Pod: "10.0.0.1:8000"}
+	p.Handle(t.Context(), Message{Pod: real.Pod, Model: "m", Sender: "10.0.0.1", Payload: storedPayload(t, 1)})
+	require.NoError(t, p.Sync(t.Context()))
+	const names, senders = 188, 24
+	for i := range names {
+		sender := fmt.Sprintf("10.8.0.%d", i%senders)
+		p.Handle(t.Context(), Message{Pod: fmt.Sprintf("fake-%d.svc:1", i), Model: "m", Sender: sender, Payload: storedPayload(t, uint64(i+2))})
+	}
+	require.NoError(t, p.Sync(t.Context()))
+	require.GreaterOrEqual(t, p.Stats().Evicted, uint64(names+1-p.Config().MaxHolders))
+	require.Equal(t, []uint64{1}, sink.Keys("m", real, "GPU"), "the idle real pod was evicted")
+	_, ok := p.Source(real)
+	require.True(t, ok)
+	// The senders' counts follow the holders forgotten.
+	require.Eventually(t, func() bool {
+		p.senderMu.Lock()
+		defer p.senderMu.Unlock()
+		n := 0
+		for _, c := range p.senders {
+			n += c
+		}
+		return n == len(p.Status())
+	}, 10*time.Second, time.Millisecond)
 }

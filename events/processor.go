@@ -138,11 +138,22 @@ type Config struct {
 	// processor tracks, and the pods it keeps per-pod state for: a peer
 	// may name any pod and any rank, so without a bound it could grow the
 	// processor's state without end. A new holder past the bound makes
-	// room: the least recently heard holder, those not live first
-	// (stale, disconnected, in conflict), is forgotten and its entries
-	// cleared (Stats.Evicted, and a rate-limited log line), so that a new
-	// real pod is never locked out by names a peer made up. Default 4096.
+	// room: a holder is forgotten and its entries cleared (Stats.Evicted,
+	// and a rate-limited log line), so that a new real pod is never
+	// locked out by names a peer made up. The victim is taken from the
+	// senders (Message.Sender) holding more than their share, MaxHolders
+	// over the number of senders, first, so that a flood from a few hosts
+	// evicts its own holders and not an idle healthy engine's; then from
+	// the holders not live (stale, disconnected, reconnected, in
+	// conflict); then the least recently heard. Default 4096.
 	MaxHolders int
+	// MaxHoldersPerSender bounds the holders whose first message came
+	// from one Message.Sender: a new holder past it is not made and its
+	// message dropped (Stats.SenderHolders). One host names one pod per
+	// engine, and an engine one holder per data-parallel rank, while a
+	// peer can name as many ranks as it likes under one name. Default 64
+	// (package events/zmq sets its MaxPodsPerSender).
+	MaxHoldersPerSender int
 	// SnapshotExpiry is how long a holder of InitialSeqs that is never
 	// heard from keeps its entries: after it the processor removes them
 	// from the Sink and forgets its sequence number (when the Sink
@@ -203,6 +214,12 @@ type Message struct {
 	// Replay fetches the pod's earlier batches to close a gap; nil when
 	// the pod has none.
 	Replay Replayer
+	// Sender is where the message came from as its transport knows it (in
+	// bind mode, the peer's IP address; in connect mode, the pod dialled):
+	// holders are bounded per sender (Config.MaxHoldersPerSender), and at
+	// Config.MaxHolders the senders over their share lose holders first.
+	// "": unknown, neither bounded nor counted in the shares.
+	Sender string
 }
 
 // Replayer fetches a holder's buffered batches, as vLLM's ROUTER replay
@@ -240,6 +257,10 @@ type Processor struct {
 	holders  sync.Map // index.Holder -> *holder
 	nHolders atomic.Int64
 	evictMu  sync.Mutex // one eviction at a time, so two cannot pick one victim
+	// senders counts the holders of each Message.Sender, for
+	// Config.MaxHoldersPerSender and the shares eviction goes by.
+	senderMu sync.Mutex
+	senders  map[string]int
 	// pods holds the state of each pod with holders or messages in flight,
 	// its connection's included: bounded by the holders that exist and
 	// twice Config.MaxHolders for the others, not by the pods ever heard
@@ -319,6 +340,9 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if cfg.ConflictRestarts <= 0 {
 		cfg.ConflictRestarts = 3
 	}
+	if cfg.MaxHoldersPerSender <= 0 {
+		cfg.MaxHoldersPerSender = 64
+	}
 	if cfg.LogBudget <= 0 {
 		cfg.LogBudget = 10
 	}
@@ -326,7 +350,8 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second, budget: cfg.LogBudget}, ctx: context.Background()}, nil
+	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second, budget: cfg.LogBudget},
+		ctx: context.Background(), senders: map[string]int{}}, nil
 }
 
 // Config returns the processor's configuration with its defaults filled in.
@@ -648,6 +673,7 @@ type Stats struct {
 	ChunkedOffload  uint64
 	BadTopic        uint64 // dropped: the pod name is not valid (ValidPodName)
 	SenderMismatch  uint64 // dropped: the sender may not publish for the pod it names
+	SenderHolders   uint64 // dropped: a new holder past Config.MaxHoldersPerSender
 	Conflicts       uint64 // holders put in state conflict
 	ConflictDropped uint64 // messages of holders in conflict, dropped
 	Disconnects     uint64 // pod connections that went down

@@ -20,6 +20,7 @@ type holder struct {
 	id     index.Holder
 	replay Replayer
 	model  string
+	sender string // Message.Sender of its first message
 
 	started bool
 	next    uint64 // sequence number expected next
@@ -378,6 +379,7 @@ func (w *worker) evictHolder(h *holder) {
 // detach undoes holder's count of h in its pod's state, for a holder
 // forgotten: the pod's state goes with its last holder.
 func (w *worker) detach(h *holder) {
+	w.p.removeSender(h.sender)
 	if ps := h.ps.Load(); ps != nil && ps.holders.Add(-1) == 0 {
 		w.p.forgetPod(h.id.Pod)
 	}
@@ -427,16 +429,24 @@ func (w *worker) holder(m *message, rank int) *holder {
 		h = nil
 	}
 	if h == nil {
+		// The sender's bound first: a sender at it must not evict others.
+		if !w.p.addSender(m.Sender) {
+			w.p.c[cSenderHolders].Add(1)
+			w.p.limited.logAny(slog.LevelWarn, "events: sender has the most holders it may, dropping a new holder's message",
+				logName(m.Pod), "rank", rank, "seq", m.Seq, "sender", m.Sender, "max_holders_per_sender", w.p.cfg.MaxHoldersPerSender)
+			return nil
+		}
 		if w.p.nHolders.Add(1) > int64(w.p.cfg.MaxHolders) {
 			evicted := w.p.evict()
 			w.p.nHolders.Add(-1)
 			if !evicted {
+				w.p.removeSender(m.Sender)
 				w.p.limited.logAny(slog.LevelWarn, "events: holder limit reached and no holder to evict, dropping a new holder's message",
 					m.Pod, "rank", rank, "seq", m.Seq, "max_holders", w.p.cfg.MaxHolders)
 				return nil
 			}
 		}
-		h = &holder{id: id}
+		h = &holder{id: id, sender: m.Sender}
 		if seq, ok := w.p.cfg.InitialSeqs[id]; ok && !w.snapshotExpired {
 			h.started, h.next, h.liveMax = true, seq+1, seq
 			h.lastSeq.Store(seq)

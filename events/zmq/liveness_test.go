@@ -130,3 +130,42 @@ func TestBindModeFollowsALivePodAfterManyPodsCameAndWent(t *testing.T) {
 	require.False(t, source)
 	require.Zero(t, s.Stats().SenderMismatch, "a host's pods over time are no flood")
 }
+
+// One host naming its own IP with hundreds of data-parallel ranks, and
+// hosts naming many DNS pods, evict their own holders at the bound, not an
+// idle healthy engine that published before them.
+func TestBindModeAFloodCannotEvictAnIdleHealthyEngine(t *testing.T) {
+	t.Parallel()
+	for _, flood := range []string{"ranks", "names"} {
+		t.Run(flood, func(t *testing.T) {
+			t.Parallel()
+			port := testenv.FreePort(t)
+			sink := eventstest.NewRecSink()
+			s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, MaxHolders: 16}, Bind: []string{localEP(port)},
+				MaxPodsPerSender: 8})
+			h := index.Holder{Pod: "127.0.0.1:8000"}
+			healthy := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: "kv@" + h.Pod + "@m"})
+			warmUp(t, healthy, s, 0)
+			publish(t, healthy, stored(0, nil, 1, 2))
+			requireKeys(t, sink, "m", h, "GPU", 1, 2)
+			before := s.Stats().Messages
+			sent := 0
+			for i, src := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"} {
+				p := newRawPub(t, fromEP(src, port))
+				for j := range 100 {
+					if flood == "ranks" {
+						p.publish(fmt.Sprintf("kv@%s:9000@m", src), stored(j, nil, uint64(j+10)))
+					} else {
+						p.publish(fmt.Sprintf("kv@fake-%d-%d.svc:1@m", i, j%8), stored(0, nil, uint64(j+10)))
+					}
+					sent++
+				}
+			}
+			require.Eventually(t, func() bool { return s.Stats().Messages >= before+uint64(sent) }, waitLong, time.Millisecond)
+			require.NoError(t, s.Sync(t.Context()))
+			requireKeys(t, sink, "m", h, "GPU", 1, 2)
+			_, source := s.Source(h)
+			require.True(t, source, "the healthy engine is no source after the flood")
+		})
+	}
+}

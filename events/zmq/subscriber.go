@@ -65,8 +65,13 @@ type SubscriberConfig struct {
 	// MaxPodsPerSender bounds the pods one sender address may publish for
 	// on a Bind socket (pods named by its own IP with different ports, or
 	// by DNS names from an allowed network); messages naming more are
-	// counted in Stats.SenderMismatch. Default 64: a vLLM pod publishes
-	// for one name, its data-parallel ranks in the payload.
+	// counted in Stats.SenderMismatch. It is also the default of
+	// Events.MaxHoldersPerSender, which bounds the holders (pod x
+	// data-parallel rank) one sender's messages make, the rank being in
+	// the payload: one name with 4,200 ranks is 4,200 holders. A sender is
+	// a bind-mode peer's IP address, or a connect-mode pod. Pods the
+	// processor forgot (evicted) no longer count. Default 64: a vLLM pod
+	// publishes for one name, its data-parallel ranks in the payload.
 	MaxPodsPerSender int
 	// Heartbeat is the ZMTP heartbeat interval on every connection; a
 	// peer that answers none for three intervals is disconnected (a
@@ -123,6 +128,12 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 			return nil, err
 		}
 	}
+	if cfg.MaxPodsPerSender <= 0 {
+		cfg.MaxPodsPerSender = 64
+	}
+	if cfg.Events.MaxHoldersPerSender <= 0 {
+		cfg.Events.MaxHoldersPerSender = cfg.MaxPodsPerSender
+	}
 	proc, err := events.NewProcessor(cfg.Events)
 	if err != nil {
 		return nil, err
@@ -138,9 +149,6 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	}
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = 64 << 20
-	}
-	if cfg.MaxPodsPerSender <= 0 {
-		cfg.MaxPodsPerSender = 64
 	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = time.Second
@@ -360,7 +368,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	started = true
 	r := &receiver{s: s, poller: zmq4.NewPoller(), bind: bind, bindMon: bindMon, live: map[string]*conn{},
-		bySock: map[*zmq4.Socket]*conn{}, byMon: map[*zmq4.Socket]*conn{}, podUp: map[string]int{},
+		bySock: map[*zmq4.Socket]*conn{}, byMon: map[*zmq4.Socket]*conn{}, podUp: map[string]int{}, senderNames: map[string]string{},
 		links: newLinks(4*s.proc.Config().MaxHolders, s.cfg.MaxPodsPerSender, s.proc.Tracked)}
 	if bind != nil {
 		r.poller.Add(bindMon, zmq4.POLLIN)
@@ -411,6 +419,8 @@ type receiver struct {
 	podUp   map[string]int         // connect mode: a pod's connected endpoints
 	links   *links                 // bind mode
 	sources map[string]*source
+	// senderNames caches senderName's answers, by Peer-Address.
+	senderNames map[string]string
 }
 
 func (r *receiver) loop(ctx context.Context) {
@@ -530,10 +540,12 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 		var src *source
 		if c != nil {
 			src = c.src
+			m.Sender = c.src.pod
 			if !ok {
 				model = topic
 			}
 		} else {
+			m.Sender = r.senderName(meta["Peer-Address"])
 			if !ok {
 				r.s.proc.NoPod(topic, m.Seq)
 				continue
@@ -569,6 +581,25 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 		r.s.proc.Handle(ctx, m)
 	}
 	return false
+}
+
+// senderName is a bind-mode message's events.Message.Sender: its peer's
+// IP address, IPv4-mapped ones as IPv4; "" for a peer that is no TCP
+// address (ipc://, inproc://: a local process). The names are cached, so
+// that a message costs no allocation.
+func (r *receiver) senderName(peer string) string {
+	if name, ok := r.senderNames[peer]; ok {
+		return name
+	}
+	name := ""
+	if a, err := netip.ParseAddr(peer); err == nil {
+		name = a.Unmap().String()
+	}
+	if len(r.senderNames) >= 4096 {
+		clear(r.senderNames) // bounded: peers are what connects
+	}
+	r.senderNames[peer] = name
+	return name
 }
 
 // podOfConn names the pod of a connect-mode message, "" for bind mode.
