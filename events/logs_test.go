@@ -71,7 +71,9 @@ func TestProcessorLogsAFloodOfDisconnectsWithinItsBudget(t *testing.T) {
 	for i := range 2000 {
 		p.PodConnected(fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256), false)
 	}
-	seconds := int(time.Since(start)/time.Second) + 1
-	require.LessOrEqual(t, strings.Count(buf.String(), "pod disconnected"), 5*seconds)
+	elapsed := time.Since(start)
+	lines := strings.Count(buf.String(), "pod disconnected")
+	t.Logf("2000 disconnects in %v: %d lines", elapsed.Round(time.Millisecond), lines)
+	require.LessOrEqual(t, lines, 5*(int(elapsed/time.Second)+1))
 	require.Equal(t, uint64(2000), p.Stats().Disconnects)
 }

@@ -52,16 +52,20 @@ func TestARestartedEngineInheritsNoBlocksBeforeItPublishes(t *testing.T) {
 			require.NoError(t, old.Close())
 			require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond)
 			fresh := engine()
+			restarted := time.Now()
 			require.NoError(t, fresh.WaitSubscribed(t.Context()))
 			require.Eventually(t, func() bool { return statusOf(s, h).State != events.StateDisconnected }, waitLong, 5*time.Millisecond)
+			t.Logf("the fresh engine's connection seen %v after its start", time.Since(restarted).Round(time.Millisecond))
 			state, source := s.Source(h)
 			require.False(t, source, "the fresh engine inherited its predecessor's blocks")
 			require.Equal(t, events.StateReconnected, state)
 			requireKeys(t, sink, "m", h, "GPU", 1, 2, 3) // they still score
 
+			published := time.Now()
 			publish(t, fresh, stored(0, nil, 9))
 			requireKeys(t, sink, "m", h, "GPU", 9)
 			require.Eventually(t, func() bool { _, ok := s.Source(h); return ok }, waitLong, 5*time.Millisecond)
+			t.Logf("a source again, with its own blocks only, %v after its first message", time.Since(published).Round(time.Millisecond))
 			require.Equal(t, uint64(1), statusOf(s, h).Restarts)
 		})
 	}
@@ -124,8 +128,10 @@ func TestBindModeFollowsALivePodAfterManyPodsCameAndWent(t *testing.T) {
 	requireKeys(t, sink, "m", h, "GPU", 1)
 	require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateLive }, waitLong, 5*time.Millisecond)
 	require.NoError(t, real.Close())
+	killed := time.Now()
 	require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond,
 		"the killed engine stayed %s", statusOf(s, h).State)
+	t.Logf("the killed engine was no source %v after its close", time.Since(killed).Round(time.Microsecond))
 	_, source := s.Source(h)
 	require.False(t, source)
 	require.Zero(t, s.Stats().SenderMismatch, "a host's pods over time are no flood")
@@ -166,6 +172,9 @@ func TestBindModeAFloodCannotEvictAnIdleHealthyEngine(t *testing.T) {
 			requireKeys(t, sink, "m", h, "GPU", 1, 2)
 			_, source := s.Source(h)
 			require.True(t, source, "the healthy engine is no source after the flood")
+			st := s.Stats()
+			t.Logf("%d flood messages: %d holders evicted, %d messages dropped at the per-sender bound; the healthy engine kept its blocks",
+				sent, st.Evicted, st.SenderHolders)
 		})
 	}
 }
