@@ -131,21 +131,22 @@ func (l *links) closed(fd int, report func(pod string, up bool)) {
 }
 
 // heard records that a message of pod came from addr; ok is false when
-// addr names more pods than the per-peer bound already.
-func (l *links) heard(pod string, addr netip.Addr, report func(pod string, up bool)) (ok bool) {
+// addr names more pods than the per-peer bound already. downAfter asks
+// the caller to report the pod down once it has handed the message.
+func (l *links) heard(pod string, addr netip.Addr, report func(pod string, up bool)) (ok, downAfter bool) {
 	if old, known := l.podAddr[pod]; known && old == addr {
 		if l.down[pod] {
 			delete(l.down, pod)
 			report(pod, true)
 		}
-		return true
+		return true, false
 	} else if known {
 		l.forget(pod, old)
 	}
 	if len(l.pods[addr]) >= l.perPeer {
 		l.prunePeer(addr)
 		if len(l.pods[addr]) >= l.perPeer {
-			return false
+			return false, false
 		}
 	}
 	if len(l.podAddr) >= l.max {
@@ -162,12 +163,18 @@ func (l *links) heard(pod string, addr netip.Addr, report func(pod string, up bo
 	if len(l.podAddr) >= l.max {
 		// Untracked: the pod stays connected as far as the processor
 		// knows; the holder bound evicts what this bound cannot follow.
-		return true
+		return true, false
 	}
 	l.podAddr[pod] = addr
 	l.pods[addr] = append(l.pods[addr], pod)
-	report(pod, l.conns[addr] > 0 || !l.tracksPeers())
-	return true
+	if l.conns[addr] > 0 || !l.tracksPeers() {
+		report(pod, true)
+		return true, false
+	}
+	// No connection from addr (the message was read after its close): the
+	// processor may have no state for the pod before its message is
+	// handed, so the caller reports it down after.
+	return true, true
 }
 
 // tracksPeers reports whether connections are known at all: when the

@@ -421,6 +421,9 @@ type receiver struct {
 	sources map[string]*source
 	// senderNames caches senderName's answers, by Peer-Address.
 	senderNames map[string]string
+	// downAfter: sender found the message's pod down, to be reported
+	// once the message is handed (links.heard).
+	downAfter bool
 }
 
 func (r *receiver) loop(ctx context.Context) {
@@ -519,6 +522,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 		}
 	}
 	for range 256 {
+		r.downAfter = false
 		var frames [][]byte
 		var meta map[string]string
 		var err error
@@ -579,6 +583,10 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 			m.Replay = src
 		}
 		r.s.proc.Handle(ctx, m)
+		if r.downAfter {
+			r.downAfter = false
+			r.s.proc.PodConnected(m.Pod, false)
+		}
 	}
 	return false
 }
@@ -630,10 +638,12 @@ func (r *receiver) sender(pod, peer string, seq uint64) bool {
 			return false
 		}
 	}
-	if !r.links.heard(pod, addr, r.s.proc.PodConnected) {
+	ok, downAfter := r.links.heard(pod, addr, r.s.proc.PodConnected)
+	if !ok {
 		r.s.proc.SenderMismatch(pod, peer+" (past MaxPodsPerSender)", seq)
 		return false
 	}
+	r.downAfter = downAfter
 	return true
 }
 
