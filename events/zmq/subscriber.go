@@ -565,8 +565,13 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 			if src == nil {
 				src = &source{pod: pod}
 				// Bounded like the holders: names a peer makes up must not
-				// grow the map without end.
-				if valid && len(r.sources) < r.s.proc.Config().MaxHolders {
+				// grow the map without end, nor pods gone fill it for good.
+				// The processor tracks at most 3 x MaxHolders pods, so a
+				// prune at 4 x frees a quarter at least (as links).
+				if limit := 4 * r.s.proc.Config().MaxHolders; valid && len(r.sources) >= limit {
+					r.pruneSources()
+				}
+				if valid && len(r.sources) < 4*r.s.proc.Config().MaxHolders {
 					r.sources[pod] = src
 				}
 			}
@@ -608,6 +613,16 @@ func (r *receiver) senderName(peer string) string {
 	}
 	r.senderNames[peer] = name
 	return name
+}
+
+// pruneSources forgets the bind-mode pods heard from but not registered
+// (AddPod) that the processor forgot.
+func (r *receiver) pruneSources() {
+	for pod, src := range r.sources {
+		if !src.perRank && !r.s.proc.Tracked(pod) {
+			delete(r.sources, pod)
+		}
+	}
 }
 
 // podOfConn names the pod of a connect-mode message, "" for bind mode.
