@@ -178,3 +178,30 @@ func TestBindModeAFloodCannotEvictAnIdleHealthyEngine(t *testing.T) {
 		})
 	}
 }
+
+// In connect mode the sender is the pod dialled: an engine publishing
+// hundreds of ranks makes at most its bound of holders and evicts no other
+// pod's.
+func TestConnectModeBoundsTheHoldersOfOnePod(t *testing.T) {
+	t.Parallel()
+	hport, fport := testenv.FreePort(t), testenv.FreePort(t)
+	sink := eventstest.NewRecSink()
+	s := startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink, MaxHolders: 16}, MaxPodsPerSender: 4})
+	healthy := newPublisher(t, PublisherConfig{Bind: localEP(hport), Topic: "kv@x@m"})
+	flood := newPublisher(t, PublisherConfig{Bind: localEP(fport), Topic: "kv@x@m"})
+	require.NoError(t, s.AddPod("10.0.0.1:8000", localEP(hport), ""))
+	require.NoError(t, s.AddPod("10.0.0.9:8000", localEP(fport), ""))
+	h := index.Holder{Pod: "10.0.0.1:8000"}
+	warmUp(t, healthy, s, 0)
+	publish(t, healthy, stored(0, nil, 1))
+	requireKeys(t, sink, "m", h, "GPU", 1)
+	warmUp(t, flood, s, 0)
+	for rank := range 100 {
+		publish(t, flood, stored(rank, nil, uint64(rank+10)))
+	}
+	require.Eventually(t, func() bool { return s.Stats().SenderHolders >= 96 }, waitLong, 5*time.Millisecond)
+	require.NoError(t, s.Sync(t.Context()))
+	require.Len(t, s.Status(), 5)
+	requireKeys(t, sink, "m", h, "GPU", 1)
+	require.Zero(t, s.Stats().Evicted)
+}
