@@ -35,6 +35,7 @@ FUZZTIME ?= 30s
 fuzz: deps
 	$(GO) test ./hashing -run '^$$' -fuzz FuzzCBOR -fuzztime $(FUZZTIME)
 	$(GO) test ./events -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	$(GO) test ./events -run '^$$' -fuzz FuzzValidPodName -fuzztime $(FUZZTIME)
 	$(GO) test ./transfer/p2p -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/msgpackr -run '^$$' -fuzz FuzzReader -fuzztime $(FUZZTIME)
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)

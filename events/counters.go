@@ -40,6 +40,7 @@ const (
 	cChunkedOffload
 	cBadTopic
 	cSenderMismatch
+	cSenderHolders
 	cConflicts
 	cConflictDropped
 	cDisconnects
@@ -108,6 +109,7 @@ var Counters = []Counter{
 		func(h *HolderStatus) *uint64 { return &h.ChunkedOffload }, cChunkedOffload},
 	{"bad_topic", "Messages dropped because their pod name is not host:port, [v6]:port or dns-name:port of printable ASCII, at most 253 bytes, or their model name is over 512 bytes.", func(s *Stats) *uint64 { return &s.BadTopic }, nil, cBadTopic},
 	{"sender_mismatch", "Messages dropped because their sender may not publish for the pod they name (bind mode).", func(s *Stats) *uint64 { return &s.SenderMismatch }, nil, cSenderMismatch},
+	{"sender_holders", "Messages dropped because they would make a holder past the bound of holders per sender.", func(s *Stats) *uint64 { return &s.SenderHolders }, nil, cSenderHolders},
 	{"conflicts", "Holders put in state conflict: two interleaved sequence streams under one name.", func(s *Stats) *uint64 { return &s.Conflicts },
 		func(h *HolderStatus) *uint64 { return &h.Conflicts }, cConflicts},
 	{"conflict_dropped", "Messages of holders in state conflict, dropped.", func(s *Stats) *uint64 { return &s.ConflictDropped }, nil, cConflictDropped},

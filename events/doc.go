@@ -98,28 +98,54 @@
 //   - Pod names (ValidPodName): host:port, [v6]:port or dns-name:port (a bare
 //     host for pods named by configuration), printable ASCII, at most 253
 //     bytes; anything else is dropped before the index (Stats.BadTopic), so
-//     no CR/LF or oversize name reaches a header.
+//     no CR/LF or oversize name reaches a header. A name a resolver reads as
+//     an address is one: IPv4 only in dotted decimal (inet_aton's other
+//     spellings, "127.0.0.05", "0x7f.0.0.5", "127.5", "2130706437", and
+//     any name whose last label is a number, are refused), IPv6 bracketed
+//     without a zone, so no spelling of an address escapes the sender's IP
+//     check as a DNS name.
 //   - Senders, in bind mode (package events/zmq): a pod named by an IP
 //     literal is accepted only from that IP (libzmq's "Peer-Address"), a pod
-//     named by a DNS name only from allowed networks (default loopback),
-//     and one sender names at most a bounded number of pods
-//     (Stats.SenderMismatch). So a spoofer cannot restart (empty batch at
-//     seq 0), gap-clear (seq+1000) or feed a pod named by another address,
-//     nor inject a holder under a DNS name from outside the allowed
-//     networks. In connect mode the router dialled the pod's address itself.
-//   - Holder state is bounded: at Config.MaxHolders the least recently heard
-//     holder, not-live ones first, is evicted rather than a new one refused,
-//     and holders restored from a snapshot that never publish expire
+//     named by a DNS name only from allowed networks (zmq.SubscriberConfig.
+//     Allow, default loopback; NoSenderCheck turns both checks off), and
+//     one sender names at most MaxPodsPerSender pods (Stats.SenderMismatch),
+//     pods forgotten no longer counting. So a spoofer cannot restart (empty
+//     batch at seq 0), gap-clear (seq+1000) or feed a pod named by another
+//     address, nor inject a holder under a DNS name from outside the
+//     allowed networks. In connect mode the router dialled the pod's
+//     address itself.
+//   - Holder state is bounded, per sender and in all. One sender's
+//     messages make at most Config.MaxHoldersPerSender holders (pod x
+//     data-parallel rank, the rank being the payload's: one name can carry
+//     any number; Stats.SenderHolders). At Config.MaxHolders a holder is
+//     evicted rather than a new one refused: one of a sender holding more
+//     than its share (MaxHolders over the senders) first, then one not
+//     live, then the least recently heard, so a flood from a few hosts
+//     evicts its own holders and not an idle healthy engine. Holders
+//     restored from a snapshot that never publish expire
 //     (Config.SnapshotExpiry), so made-up names neither lock real pods out
-//     nor survive restarts.
+//     nor survive restarts. A flood from more hosts than MaxHolders holds
+//     over the per-sender bound can still evict real holders: allow only
+//     the engines' networks.
+//   - Per-pod state (sequence tracking, connection state, the bind socket's
+//     address table) is bounded by the holders that exist, not by history:
+//     a pod is forgotten with its last holder, so disconnects are tracked
+//     exactly for every pod that holds blocks however many came and went.
 //   - Two interleaved sequence streams under one holder put it in state
 //     conflict (cleared once, messages dropped, no pull source) instead of
-//     clearing it on every message; every per-holder log line is
-//     rate-limited.
+//     clearing it on every message.
+//   - Logs are bounded: every line naming a pod is rate-limited per pod,
+//     and every kind of line to Config.LogBudget lines a second across all
+//     pods (default 10), the next line saying how many were left out
+//     (left_out), since the pods are the peer's to make up.
 //   - Only live holders serve pulls (Processor.Source, for
 //     picker.Config.Sources): heard from since this process started, their
 //     connection up (a transport's PodConnected: the ZMQ socket monitor and
-//     heartbeats), entries trusted, not in conflict. A snapshot lets a holder
+//     heartbeats, zmq.SubscriberConfig.Heartbeat), a message applied since
+//     the connection last came up (StateReconnected until then: a new
+//     engine process on a dead one's address has an empty cache, and its
+//     first message's sequence number shows the restart, which clears the
+//     holder), entries trusted, not in conflict. A snapshot lets a holder
 //     score, never serve.
 //
 // What it cannot check: a peer that can send from a pod's own IP (same host,

@@ -3,6 +3,8 @@ package events
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +44,27 @@ func TestValidPodNameAcceptsAddressesAndRefusesTheRest(t *testing.T) {
 		{"caf\xc3\xa9:80", false},
 		{strings.Repeat("a", 64) + ":80", false},
 		{strings.Repeat("a.", 127) + "a:80", false},
+		// Other spellings of an IPv4 address, as inet_aton reads them.
+		{"127.0.0.05:80", false},
+		{"2130706437:80", false},
+		{"0x7f.0.0.5:80", false},
+		{"0X7F.0.0.5:80", false},
+		{"0177.0.0.5:80", false},
+		{"127.5:80", false},
+		{"127.0.5:80", false},
+		{"127.0.0.5.:80", false},
+		{"127.0.0.5.", false},
+		{"0x7f000005", false},
+		{"2130706437", false},
+		{"vllm.0x1f:80", false},
+		{"vllm.8000:80", false},
+		{"256.0.0.1:80", false},
+		{"[fe80::1%lo]:80", false},
+		{"[fe80::1%25lo]:80", false},
+		{"[::ffff:127.0.0.5]:80", true},
+		{"0x7f.svc:80", true},
+		{"vllm-0.1a:80", true},
+		{"127.0.0.5:80", true},
 	} {
 		err := ValidPodName(tc.pod)
 		if tc.ok {
@@ -50,6 +73,73 @@ func TestValidPodNameAcceptsAddressesAndRefusesTheRest(t *testing.T) {
 			require.ErrorIs(t, err, ErrBadPodName, "%q", tc.pod)
 		}
 	}
+}
+
+// inetAton is a reference model of glibc's inet_aton: 1 to 4 parts, each
+// decimal, octal (leading 0) or hex (0x), the last filling the bytes left.
+func inetAton(s string) (netip.Addr, bool) {
+	parts := strings.Split(s, ".")
+	if len(parts) > 4 {
+		return netip.Addr{}, false
+	}
+	var vals []uint64
+	for _, p := range parts {
+		base, digits := 10, p
+		switch {
+		case len(p) >= 2 && (p[:2] == "0x" || p[:2] == "0X"):
+			base, digits = 16, p[2:]
+			if digits == "" {
+				digits = "0"
+			}
+		case len(p) > 1 && p[0] == '0':
+			base, digits = 8, p[1:]
+		}
+		v, err := strconv.ParseUint(digits, base, 32)
+		if p == "" || err != nil {
+			return netip.Addr{}, false
+		}
+		vals = append(vals, v)
+	}
+	var ip uint64
+	for i, v := range vals[:len(vals)-1] {
+		if v > 0xff {
+			return netip.Addr{}, false
+		}
+		ip |= v << (24 - 8*i)
+	}
+	last := vals[len(vals)-1]
+	if last >= 1<<(8*(5-len(vals))) {
+		return netip.Addr{}, false
+	}
+	ip |= last
+	return netip.AddrFrom4([4]byte{byte(ip >> 24), byte(ip >> 16), byte(ip >> 8), byte(ip)}), true
+}
+
+// FuzzValidPodName checks that a name the C resolver reads as an IPv4
+// address is accepted only when PodAddr reads the same address from it,
+// so that every address a pod is reachable at passes the sender check.
+func FuzzValidPodName(f *testing.F) {
+	for _, s := range []string{"127.0.0.1:80", "127.0.0.05:80", "2130706437", "0x7f.0.0.5:1", "[fe80::1%lo]:80",
+		"[::1]:80", "vllm-0.svc:8000", "127.1", "a.0x10:9"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, pod string) {
+		if ValidPodName(pod) != nil {
+			return
+		}
+		host := pod
+		if i := strings.LastIndexByte(pod, ':'); i >= 0 && !strings.HasPrefix(pod, "[") {
+			host = pod[:i]
+		}
+		got, named := PodAddr(pod)
+		if want, isAddr := inetAton(host); isAddr {
+			require.True(t, named, "%q reads as %v but PodAddr takes it for a DNS name", pod, want)
+			require.Equal(t, want, got, "%q", pod)
+		}
+		if strings.HasPrefix(pod, "[") {
+			require.True(t, named, "%q", pod)
+		}
+	})
 }
 
 func TestPodAddrNamesOnlyIPLiterals(t *testing.T) {
@@ -138,6 +228,11 @@ func TestSourceIsOnlyALiveHolderHeardFromSinceStart(t *testing.T) {
 	p.PodConnected("live:1", false)
 	require.Equal(t, uint64(1), p.Stats().Disconnects, "counted once per transition")
 	p.PodConnected("live:1", true)
+	state, ok = p.Source(live)
+	require.False(t, ok, "a reconnect alone does not say whether the engine restarted")
+	require.Equal(t, StateReconnected, state)
+	p.Handle(t.Context(), Message{Pod: "live:1", Model: "m", Seq: 1, Payload: storedPayload(t, 3)})
+	require.NoError(t, p.Sync(t.Context()))
 	_, ok = p.Source(live)
 	require.True(t, ok)
 }

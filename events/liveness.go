@@ -20,6 +20,13 @@ const (
 	StateStale = "stale"
 	// StateDisconnected: its transport reported its connection down.
 	StateDisconnected = "disconnected"
+	// StateReconnected: its connection is up again after it went down,
+	// and the holder has not applied a message since. A reconnect alone
+	// cannot tell a network blip from a new engine process on the same
+	// address, whose cache is empty: the holder's next message shows
+	// which (its sequence continuing: live again; a restart: its entries
+	// cleared first).
+	StateReconnected = "reconnected"
 	// StateConflict: two interleaved sequence streams arrive under its
 	// name (see Config.ConflictWindow); its entries are cleared and its
 	// messages dropped until they stop.
@@ -29,9 +36,10 @@ const (
 // Source reports whether holder h may serve a pull now, and its state: a
 // holder is a source only while it is live, that is heard from since the
 // processor started (a snapshot alone lets it score, never serve), its
-// connection up, its entries trusted and its stream not in conflict. A
-// holder the processor does not know is StateStale: the index may hold it
-// from a snapshot. picker.Config.Sources takes this method.
+// connection up and a message applied since it last came up, its entries
+// trusted and its stream not in conflict. A holder the processor does not
+// know is StateStale: the index may hold it from a snapshot.
+// picker.Config.Sources takes this method.
 func (p *Processor) Source(h index.Holder) (state string, ok bool) {
 	v, known := p.holders.Load(h)
 	if !known {
@@ -42,23 +50,18 @@ func (p *Processor) Source(h index.Holder) (state string, ok bool) {
 }
 
 func (p *Processor) state(h *holder) string {
+	ps := h.ps.Load()
 	switch {
 	case h.conflict.Load():
 		return StateConflict
-	case p.isDown(h.id.Pod):
+	case ps != nil && ps.down.Load():
 		return StateDisconnected
 	case h.stale.Load() || !h.heard.Load():
 		return StateStale
+	case ps != nil && h.confirmed.Load() < ps.upAt.Load():
+		return StateReconnected
 	}
 	return StateLive
-}
-
-func (p *Processor) isDown(pod string) bool {
-	if p.nDown.Load() == 0 {
-		return false
-	}
-	_, down := p.down.Load(pod)
-	return down
 }
 
 // PodConnected is the transport's report that pod's connection went up or
@@ -66,25 +69,31 @@ func (p *Processor) isDown(pod string) bool {
 // consumer's liveness). A pod it never reported down counts as connected:
 // a transport that cannot tell leaves it so. The holders of a pod that is
 // down are StateDisconnected and no pull source; their entries stay, and
-// score, until the pod publishes again or is evicted. Safe for concurrent
-// use; a transport reports only pods it tracks (the processor keeps at
-// most twice Config.MaxHolders pods down).
+// score, until the pod publishes again or is evicted. Once it is up again
+// they are StateReconnected, no pull source either, each until it applies
+// a message handed after the report. The report must come from the
+// goroutine that hands the pod's messages, in the order the transport saw
+// connection and messages. Only pods with holders or messages in flight
+// are tracked (a report of any other pod has nothing to change), and a pod
+// is forgotten with its last holder, so tracking stays exact however many
+// pods came and went. Safe for concurrent use.
 func (p *Processor) PodConnected(pod string, up bool) {
+	v, ok := p.pods.Load(pod)
+	if !ok {
+		return
+	}
+	ps := v.(*podState)
 	if up {
-		if _, was := p.down.LoadAndDelete(pod); was {
-			p.nDown.Add(-1)
-			p.limited.logf(slog.LevelInfo, "events: pod connected again", pod)
+		if ps.down.Swap(false) {
+			ps.upAt.Store(p.epoch.Add(1))
+			p.limited.logf(slog.LevelInfo, "events: pod connected again; its holders are no pull source until their next message "+
+				"shows whether the engine restarted", pod)
 		}
 		return
 	}
-	if p.nDown.Load() >= 2*int64(p.cfg.MaxHolders) {
-		p.limited.logAny(slog.LevelWarn, "events: too many pods down to track another; it stays listed as connected", pod)
-		return
-	}
-	if _, was := p.down.LoadOrStore(pod, struct{}{}); !was {
-		p.nDown.Add(1)
+	if !ps.down.Swap(true) {
 		p.c[cDisconnects].Add(1)
-		p.limited.logf(slog.LevelWarn, "events: pod disconnected; its holders are no pull source until it reconnects", pod)
+		p.limited.logf(slog.LevelWarn, "events: pod disconnected; its holders are no pull source until it reconnects and publishes", pod)
 	}
 }
 
@@ -120,32 +129,76 @@ func logName(pod string) string {
 	return pod
 }
 
-// evict makes room for one holder at Config.MaxHolders: it picks the
-// least recently heard holder, those not live first, forgets it and has
-// its worker clear its entries. It reports whether it found one.
+// addSender counts a new holder of sender, and reports false, counting
+// nothing, when sender has Config.MaxHoldersPerSender already.
+func (p *Processor) addSender(sender string) bool {
+	if sender == "" {
+		return true
+	}
+	p.senderMu.Lock()
+	defer p.senderMu.Unlock()
+	if p.senders[sender] >= p.cfg.MaxHoldersPerSender {
+		return false
+	}
+	p.senders[sender]++
+	return true
+}
+
+// removeSender undoes addSender for a holder forgotten.
+func (p *Processor) removeSender(sender string) {
+	if sender == "" {
+		return
+	}
+	p.senderMu.Lock()
+	defer p.senderMu.Unlock()
+	if p.senders[sender]--; p.senders[sender] <= 0 {
+		delete(p.senders, sender)
+	}
+}
+
+// evict makes room for one holder at Config.MaxHolders: it picks a holder
+// of a sender over its share first, then one not live, then the least
+// recently heard (see Config.MaxHolders), forgets it and has its worker
+// clear its entries. It reports whether it found one.
 func (p *Processor) evict() bool {
 	p.evictMu.Lock()
 	defer p.evictMu.Unlock()
+	// Held while choosing, so that the shares are those of one moment;
+	// only new holders and forgotten ones wait for it.
+	p.senderMu.Lock()
+	share := p.cfg.MaxHolders / max(1, len(p.senders))
 	var victim *holder
-	var victimLive bool
+	var victimOver, victimLive bool
 	var victimAt int64
 	p.holders.Range(func(_, v any) bool {
 		h := v.(*holder)
+		over := h.sender != "" && p.senders[h.sender] > share
 		live := p.state(h) == StateLive
 		at := h.heardAt.Load()
-		if victim == nil || (victimLive && !live) || (live == victimLive && at < victimAt) {
-			victim, victimLive, victimAt = h, live, at
+		better := victim == nil
+		switch {
+		case better:
+		case over != victimOver:
+			better = over
+		case live != victimLive:
+			better = !live
+		default:
+			better = at < victimAt
+		}
+		if better {
+			victim, victimOver, victimLive, victimAt = h, over, live, at
 		}
 		return true
 	})
+	p.senderMu.Unlock()
 	if victim == nil || !victim.evicted.CompareAndSwap(false, true) {
 		return false
 	}
 	p.holders.Delete(victim.id)
 	p.c[cEvicted].Add(1)
-	p.limited.logAny(slog.LevelWarn, "events: holder limit reached, forgetting the least recently heard holder", victim.id.Pod,
-		"rank", victim.id.Rank, "state", p.state(victim), "heard", time.Since(time.Unix(0, victimAt)).Round(time.Millisecond),
-		"max_holders", p.cfg.MaxHolders)
+	p.limited.logAny(slog.LevelWarn, "events: holder limit reached, forgetting a holder", logName(victim.id.Pod),
+		"rank", victim.id.Rank, "state", p.state(victim), "sender", victim.sender, "sender_over_share", victimOver,
+		"heard", time.Since(time.Unix(0, victimAt)).Round(time.Millisecond), "max_holders", p.cfg.MaxHolders)
 	p.workerOf(victim.id.Pod).post(chore{evict: victim})
 	return true
 }

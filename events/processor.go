@@ -152,11 +152,22 @@ type Config struct {
 	// processor tracks, and the pods it keeps per-pod state for: a peer
 	// may name any pod and any rank, so without a bound it could grow the
 	// processor's state without end. A new holder past the bound makes
-	// room: the least recently heard holder, those not live first
-	// (stale, disconnected, in conflict), is forgotten and its entries
-	// cleared (Stats.Evicted, and a rate-limited log line), so that a new
-	// real pod is never locked out by names a peer made up. Default 4096.
+	// room: a holder is forgotten and its entries cleared (Stats.Evicted,
+	// and a rate-limited log line), so that a new real pod is never
+	// locked out by names a peer made up. The victim is taken from the
+	// senders (Message.Sender) holding more than their share, MaxHolders
+	// over the number of senders, first, so that a flood from a few hosts
+	// evicts its own holders and not an idle healthy engine's; then from
+	// the holders not live (stale, disconnected, reconnected, in
+	// conflict); then the least recently heard. Default 4096.
 	MaxHolders int
+	// MaxHoldersPerSender bounds the holders whose first message came
+	// from one Message.Sender: a new holder past it is not made and its
+	// message dropped (Stats.SenderHolders). One host names one pod per
+	// engine, and an engine one holder per data-parallel rank, while a
+	// peer can name as many ranks as it likes under one name. Default 64
+	// (package events/zmq sets its MaxPodsPerSender).
+	MaxHoldersPerSender int
 	// SnapshotExpiry is how long a holder of InitialSeqs that is never
 	// heard from keeps its entries: after it the processor removes them
 	// from the Sink and forgets its sequence number (when the Sink
@@ -179,6 +190,13 @@ type Config struct {
 	ConflictRestarts int
 	// Logger receives the processor's logs; default slog.Default().
 	Logger *slog.Logger
+	// LogBudget bounds the log lines of each kind (one message, whatever
+	// the pod it names) to this many a second across all pods; default
+	// 10. Each kind is also limited per pod (once a second, or per
+	// MismatchLogInterval), but peers choose the names: 6,000 made-up
+	// pods disconnecting would write 6,000 lines. The next line of a kind
+	// the budget cut says how many it left out (left_out).
+	LogBudget int
 	// Tap, when set, is called with every batch just before it applies,
 	// live or replayed, in the order each holder applies them: gaps
 	// repaired, duplicates dropped. A relay forwards these to a shared
@@ -210,6 +228,12 @@ type Message struct {
 	// Replay fetches the pod's earlier batches to close a gap; nil when
 	// the pod has none.
 	Replay Replayer
+	// Sender is where the message came from as its transport knows it (in
+	// bind mode, the peer's IP address; in connect mode, the pod dialled):
+	// holders are bounded per sender (Config.MaxHoldersPerSender), and at
+	// Config.MaxHolders the senders over their share lose holders first.
+	// "": unknown, neither bounded nor counted in the shares.
+	Sender string
 }
 
 // Replayer fetches a holder's buffered batches, as vLLM's ROUTER replay
@@ -247,11 +271,20 @@ type Processor struct {
 	holders  sync.Map // index.Holder -> *holder
 	nHolders atomic.Int64
 	evictMu  sync.Mutex // one eviction at a time, so two cannot pick one victim
-	// down holds the pods whose transport reported their connection down.
-	down  sync.Map // pod -> struct{}
-	nDown atomic.Int64
+	// senders counts the holders of each Message.Sender, for
+	// Config.MaxHoldersPerSender and the shares eviction goes by.
+	senderMu sync.Mutex
+	senders  map[string]int
+	// pods holds the state of each pod with holders or messages in flight,
+	// its connection's included: bounded by the holders that exist and
+	// twice Config.MaxHolders for the others, not by the pods ever heard
+	// from.
 	pods  sync.Map // pod -> *podState
 	nPods atomic.Int64
+	// epoch counts the pods' reconnects: a message is stamped with it when
+	// handed, a reconnect with its new value, so that a holder knows
+	// whether it applied a message sent after its pod's latest reconnect.
+	epoch atomic.Uint64
 	// overflow counts the messages of pods past Config.MaxHolders pods
 	// together; their replays run on the worker, so that they too are
 	// handled in the order they were handed.
@@ -278,9 +311,15 @@ const maxRefusedPods = 1024
 
 // podState counts how many of a pod's messages were handed and how many
 // have been handled, which is what Sync waits on: one pod's messages are
-// handled in order.
+// handled in order. It also holds the pod's connection state, as its
+// transport reports it.
 type podState struct {
 	handed, closed atomic.Uint64
+	// holders counts the pod's holders; the pod's worker alone writes it.
+	holders atomic.Int64
+	down    atomic.Bool
+	// upAt is Processor.epoch at the pod's latest reconnect.
+	upAt atomic.Uint64
 }
 
 // NewProcessor checks cfg and returns a Processor; Start starts it.
@@ -333,11 +372,18 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if cfg.ConflictRestarts <= 0 {
 		cfg.ConflictRestarts = 3
 	}
+	if cfg.MaxHoldersPerSender <= 0 {
+		cfg.MaxHoldersPerSender = 64
+	}
+	if cfg.LogBudget <= 0 {
+		cfg.LogBudget = 10
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second}, ctx: context.Background()}, nil
+	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second, budget: cfg.LogBudget},
+		ctx: context.Background(), senders: map[string]int{}}, nil
 }
 
 // Config returns the processor's configuration with its defaults filled in.
@@ -423,7 +469,7 @@ func (p *Processor) Handle(ctx context.Context, m Message) {
 			"model", logName(m.Model), "bytes", len(m.Model), "max", MaxModelBytes)
 		return
 	}
-	msg := message{Message: m, ps: p.podState(m.Pod)}
+	msg := message{Message: m, ps: p.podState(m.Pod), epoch: p.epoch.Load()}
 	if msg.ps == nil {
 		msg.ps = &p.overflow
 	} else {
@@ -577,13 +623,37 @@ func (p *Processor) errCount(pod string) *atomic.Uint64 {
 	return v.(*atomic.Uint64)
 }
 
-// podState returns pod's state, nil when pod is new and Config.MaxHolders
-// pods already have one.
+// Tracked reports whether the processor keeps state for pod: it has
+// holders, or messages on their way to a worker. A transport that keeps
+// state of its own per pod (package events/zmq: which address a pod
+// publishes from) forgets pods no longer tracked, so that its state too is
+// bounded by the holders that exist rather than by every name ever heard.
+func (p *Processor) Tracked(pod string) bool {
+	_, ok := p.pods.Load(pod)
+	return ok
+}
+
+// podState returns pod's state, nil when pod is new and twice
+// Config.MaxHolders pods already have one (those of the holders and of
+// messages on their way to a worker); a holder's own state is made by
+// holderState.
 func (p *Processor) podState(pod string) *podState {
+	return p.loadPodState(pod, 2*int64(p.cfg.MaxHolders))
+}
+
+// holderState returns pod's state for a holder of it being made, beyond
+// podState's bound if need be: every holder must have one, or the pod's
+// disconnects would go unseen, and there are at most Config.MaxHolders
+// holders.
+func (p *Processor) holderState(pod string) *podState {
+	return p.loadPodState(pod, -1)
+}
+
+func (p *Processor) loadPodState(pod string, limit int64) *podState {
 	if v, ok := p.pods.Load(pod); ok {
 		return v.(*podState)
 	}
-	if p.nPods.Add(1) > int64(p.cfg.MaxHolders) {
+	if n := p.nPods.Add(1); limit >= 0 && n > limit {
 		p.nPods.Add(-1)
 		return nil
 	}
@@ -594,18 +664,18 @@ func (p *Processor) podState(pod string) *podState {
 	return v.(*podState)
 }
 
-// forgetPod drops the state of pod, whose last holder was evicted, when
-// none of its messages is in flight: the Config.MaxHolders pod states are
-// then those of pods still followed, and a new pod after a flood of
-// made-up names gets one of its own rather than the shared overflow
-// (whose replays hold the worker). A message of pod arriving meanwhile
-// makes a new state.
+// forgetPod drops the state of pod, which has no holder (its last was
+// evicted, or its messages made none), when none of its messages is in
+// flight: the Config.MaxHolders pod states are then those of pods still
+// followed, and a new pod after a flood of made-up names gets one of its
+// own rather than the shared overflow (whose replays hold the worker). A
+// message of pod arriving meanwhile makes a new state.
 func (p *Processor) forgetPod(pod string) {
 	v, ok := p.pods.Load(pod)
 	if !ok {
 		return
 	}
-	if ps := v.(*podState); ps.handed.Load() != ps.closed.Load() {
+	if ps := v.(*podState); ps.holders.Load() != 0 || ps.handed.Load() != ps.closed.Load() {
 		return
 	}
 	if p.pods.CompareAndDelete(pod, v) {
@@ -658,6 +728,7 @@ type Stats struct {
 	ChunkedOffload  uint64
 	BadTopic        uint64 // dropped: the pod name is not valid (ValidPodName), or the model name over MaxModelBytes
 	SenderMismatch  uint64 // dropped: the sender may not publish for the pod it names
+	SenderHolders   uint64 // dropped: a new holder past Config.MaxHoldersPerSender
 	Conflicts       uint64 // holders put in state conflict
 	ConflictDropped uint64 // messages of holders in conflict, dropped
 	Disconnects     uint64 // pod connections that went down

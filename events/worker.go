@@ -20,6 +20,7 @@ type holder struct {
 	id     index.Holder
 	replay Replayer
 	model  string
+	sender string // Message.Sender of its first message
 
 	started bool
 	next    uint64 // sequence number expected next
@@ -49,13 +50,20 @@ type holder struct {
 	lastBack        time.Time
 	lastConflictSeq uint64
 
-	c        counters // those of Counters kept per holder
-	lastSeq  atomic.Uint64
-	stale    atomic.Bool
-	hasSeq   atomic.Bool  // lastSeq is a batch applied (or InitialSeqs)
-	heard    atomic.Bool  // a batch applied since the processor started
-	heardAt  atomic.Int64 // Unix nanoseconds of its latest message
-	conflict atomic.Bool  // in state conflict
+	c counters // those of Counters kept per holder
+	// ps is the state of the holder's pod, its connection's included; nil
+	// only while the holder is being made.
+	ps atomic.Pointer[podState]
+	// confirmed is the highest Processor.epoch a message the holder
+	// handled was stamped with: at its pod's latest reconnect or later,
+	// the message was sent after it.
+	confirmed atomic.Uint64
+	lastSeq   atomic.Uint64
+	stale     atomic.Bool
+	hasSeq    atomic.Bool  // lastSeq is a batch applied (or InitialSeqs)
+	heard     atomic.Bool  // a batch applied since the processor started
+	heardAt   atomic.Int64 // Unix nanoseconds of its latest message
+	conflict  atomic.Bool  // in state conflict
 	// evicted: Processor.evict forgot it; its worker clears its entries.
 	evicted atomic.Bool
 }
@@ -80,6 +88,7 @@ type message struct {
 	Message
 	ps      *podState // Processor.overflow past Config.MaxHolders pods
 	tracked bool      // ps is the pod's own: its replays may run off the worker
+	epoch   uint64    // Processor.epoch when it was handed
 }
 
 // pending is a pod whose replay runs off the worker, and what arrived for
@@ -237,6 +246,11 @@ func (w *worker) closeMessage(m message) {
 	if m.ps != nil {
 		m.ps.closed.Add(1)
 	}
+	if m.tracked && m.ps.holders.Load() == 0 {
+		// Its messages made no holder (malformed, dropped): it must not
+		// keep a pod state for good.
+		w.p.forgetPod(m.Pod)
+	}
 	w.p.applied.Broadcast()
 }
 
@@ -359,12 +373,16 @@ func (w *worker) evictHolder(h *holder) {
 	}
 	delete(w.holders, h.id)
 	w.removeHolder(h.id, h.model)
-	for id := range w.holders {
-		if id.Pod == h.id.Pod {
-			return
-		}
+	w.detach(h)
+}
+
+// detach undoes holder's count of h in its pod's state, for a holder
+// forgotten: the pod's state goes with its last holder.
+func (w *worker) detach(h *holder) {
+	w.p.removeSender(h.sender)
+	if ps := h.ps.Load(); ps != nil && ps.holders.Add(-1) == 0 {
+		w.p.forgetPod(h.id.Pod)
 	}
-	w.p.forgetPod(h.id.Pod)
 }
 
 func (w *worker) removeHolder(id index.Holder, model string) {
@@ -391,6 +409,7 @@ func (w *worker) expire() {
 			delete(w.holders, id)
 			w.p.holders.Delete(id)
 			w.p.nHolders.Add(-1)
+			w.detach(h)
 		}
 		w.p.cfg.Sink.(HolderRemover).RemoveHolder(id)
 		w.p.c[cExpired].Add(1)
@@ -410,16 +429,24 @@ func (w *worker) holder(m *message, rank int) *holder {
 		h = nil
 	}
 	if h == nil {
+		// The sender's bound first: a sender at it must not evict others.
+		if !w.p.addSender(m.Sender) {
+			w.p.c[cSenderHolders].Add(1)
+			w.p.limited.logAny(slog.LevelWarn, "events: sender has the most holders it may, dropping a new holder's message",
+				logName(m.Pod), "rank", rank, "seq", m.Seq, "sender", m.Sender, "max_holders_per_sender", w.p.cfg.MaxHoldersPerSender)
+			return nil
+		}
 		if w.p.nHolders.Add(1) > int64(w.p.cfg.MaxHolders) {
 			evicted := w.p.evict()
 			w.p.nHolders.Add(-1)
 			if !evicted {
+				w.p.removeSender(m.Sender)
 				w.p.limited.logAny(slog.LevelWarn, "events: holder limit reached and no holder to evict, dropping a new holder's message",
 					m.Pod, "rank", rank, "seq", m.Seq, "max_holders", w.p.cfg.MaxHolders)
 				return nil
 			}
 		}
-		h = &holder{id: id}
+		h = &holder{id: id, sender: m.Sender}
 		if seq, ok := w.p.cfg.InitialSeqs[id]; ok && !w.snapshotExpired {
 			h.started, h.next, h.liveMax = true, seq+1, seq
 			h.lastSeq.Store(seq)
@@ -430,6 +457,13 @@ func (w *worker) holder(m *message, rank int) *holder {
 		}
 		w.holders[id] = h
 		w.p.holders.Store(id, h)
+	}
+	if h.ps.Load() == nil {
+		// Not m.ps: it is the overflow past the bound, or a state
+		// forgotten while m was handed.
+		ps := w.p.holderState(m.Pod)
+		ps.holders.Add(1)
+		h.ps.Store(ps)
 	}
 	h.replay = m.Replay
 	h.heardAt.Store(time.Now().UnixNano())
@@ -458,12 +492,23 @@ func (w *worker) handle(m message) {
 			// The payload decoded before; only the buffers differ.
 			_ = ow.dec.Decode(m.Payload, &ow.batch)
 			ow.step(h, m.Seq, m.Payload)
+			confirm(h, m.epoch)
 			ow.closeMessage(m)
 		})
 		return
 	}
 	w.step(h, m.Seq, m.Payload)
+	confirm(h, m.epoch)
 	w.closeMessage(m)
+}
+
+// confirm records that h handled a message stamped with epoch: its
+// sequence number showed whether the engine restarted, and step cleared
+// the entries if it did.
+func confirm(h *holder, epoch uint64) {
+	if epoch > h.confirmed.Load() {
+		h.confirmed.Store(epoch)
+	}
 }
 
 // replays reports whether step(h, seq) would replay.
@@ -974,11 +1019,25 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		}
 		diag = hashing.Diagnose(cfg, e.BlockSize, req, e.BlockHashes[:n]).Explain(w.p.cfg.ContentKeysHint)
 	}
-	w.p.log.Error("events: engine block hashes disagree with the router's hashing; lookups for this holder will miss: "+diag,
-		"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
+	// Per holder and interval, but holders are a peer's to make up: the
+	// kind's budget bounds them all.
+	leftOut, ok := w.p.limited.allow(hashMismatchLog)
+	if !ok {
+		return
+	}
+	args := []any{"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
 		"router_algo", string(cfg.Algo), "router_seed", cfg.Seed, "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
-		"mismatches", h.c[cHashMismatches].Load())
+		"mismatches", h.c[cHashMismatches].Load()}
+	w.p.log.Error(hashMismatchLog+diag, withLeftOut(args, leftOut)...)
 }
+
+// The messages of the lines a holder limits by itself, whose kind's budget
+// bounds all holders together.
+const (
+	hashMismatchLog   = "events: engine block hashes disagree with the router's hashing; lookups for this holder will miss: "
+	chunkedOffloadLog = "events: offload tier stores chunks of several GPU blocks, keyed by each chunk's last block; " +
+		"CPU-tier lookups will undercount: configure the offloading connector's block_size equal to the GPU block size"
+)
 
 // maxTrackedGroups bounds the KV cache groups whose GPU block size a holder
 // remembers: group_idx is the peer's to choose.
@@ -1025,9 +1084,11 @@ func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
 	if e.BlockSize%want == 0 {
 		args = append(args, "blocks_per_chunk", e.BlockSize/want)
 	}
-	w.p.log.Warn("events: offload tier stores chunks of several GPU blocks, keyed by each chunk's last block; "+
-		"CPU-tier lookups will undercount: configure the offloading connector's block_size equal to the GPU block size",
-		args...)
+	leftOut, ok := w.p.limited.allow(chunkedOffloadLog)
+	if !ok {
+		return true
+	}
+	w.p.log.Warn(chunkedOffloadLog, withLeftOut(args, leftOut)...)
 	return true
 }
 

@@ -116,11 +116,13 @@ type Config struct {
 	// pulls and not only this picker's. Nil: this picker's alone.
 	Fleet Fleet
 	// Sources, when set, says whether a holder may serve a pull now and,
-	// when it may not, its state ("stale", "disconnected", "conflict"),
-	// which a decision that skipped it reports (Decision.Skipped). A
-	// router feeding its index from events sets it to
-	// events.Processor.Source, so that only holders heard from since it
-	// started, with their connection up, are pulled from; a holder
+	// when it may not, its state ("stale", "disconnected", "reconnected",
+	// "conflict"), which a decision that skipped it reports
+	// (Decision.Skipped). A router feeding its index from events sets it
+	// to events.Processor.Source, so that only holders heard from since it
+	// started, with their connection up and a message applied since it
+	// last came up (a restarted engine has not the blocks), are pulled
+	// from; a holder
 	// known only from a snapshot still scores. Nil: every holder may.
 	// It is called for each holder that could extend the prefix, so it
 	// must be cheap and safe for concurrent use.

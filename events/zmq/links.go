@@ -61,6 +61,12 @@ func closeMonitored(sock, mon *zmq4.Socket) {
 // and bring it back. When an address's last connection closes its pods are
 // down until its next connection. Connect mode, which dials each engine
 // itself, follows every engine exactly.
+//
+// The table holds the pods the processor tracks (events.Processor.Tracked:
+// those with holders or messages in flight) and the newest heard: when it
+// is full, or an address reaches its bound on pods, the pods the processor
+// forgot are dropped first, so that neither bound fills with pods long
+// gone and every pod with holders is followed.
 type links struct {
 	fds     map[int]netip.Addr      // accepted connection -> peer
 	conns   map[netip.Addr]int      // peer -> connections
@@ -71,11 +77,13 @@ type links struct {
 	down    map[string]bool
 	max     int // pods tracked
 	perPeer int // pods one peer may name
+	// tracked reports whether the processor still has state for a pod.
+	tracked func(pod string) bool
 }
 
-func newLinks(maxPods, perPeer int) *links {
+func newLinks(maxPods, perPeer int, tracked func(pod string) bool) *links {
 	return &links{fds: map[int]netip.Addr{}, conns: map[netip.Addr]int{}, pods: map[netip.Addr][]string{},
-		podAddr: map[string]netip.Addr{}, down: map[string]bool{}, max: maxPods, perPeer: perPeer}
+		podAddr: map[string]netip.Addr{}, down: map[string]bool{}, max: maxPods, perPeer: perPeer, tracked: tracked}
 }
 
 // accepted records a new connection; report is called for each pod whose
@@ -125,34 +133,66 @@ func (l *links) closed(fd int, report func(pod string, up bool)) {
 }
 
 // heard records that a message of pod came from addr; ok is false when
-// addr names more pods than the per-peer bound already.
-func (l *links) heard(pod string, addr netip.Addr, report func(pod string, up bool)) (ok bool) {
+// addr names more pods than the per-peer bound already. downAfter asks
+// the caller to report the pod down once it has handed the message.
+func (l *links) heard(pod string, addr netip.Addr, report func(pod string, up bool)) (ok, downAfter bool) {
 	if old, known := l.podAddr[pod]; known && old == addr {
 		if l.down[pod] {
 			delete(l.down, pod)
 			report(pod, true)
 		}
-		return true
+		return true, false
 	} else if known {
 		l.forget(pod, old)
 	}
 	if len(l.pods[addr]) >= l.perPeer {
-		return false
+		l.prunePeer(addr)
+		if len(l.pods[addr]) >= l.perPeer {
+			return false, false
+		}
+	}
+	if len(l.podAddr) >= l.max {
+		// The processor tracks at most 3 x MaxHolders pods (those of its
+		// holders, and twice MaxHolders more with messages in flight), the
+		// table holds 4 x: a prune frees a quarter of it at least, so its
+		// cost spreads over as many new pods.
+		for pod, addr := range l.podAddr {
+			if !l.tracked(pod) {
+				l.forget(pod, addr)
+			}
+		}
 	}
 	if len(l.podAddr) >= l.max {
 		// Untracked: the pod stays connected as far as the processor
 		// knows; the holder bound evicts what this bound cannot follow.
-		return true
+		return true, false
 	}
 	l.podAddr[pod] = addr
 	l.pods[addr] = append(l.pods[addr], pod)
-	report(pod, l.conns[addr] > 0 || !l.tracksPeers())
-	return true
+	if l.conns[addr] > 0 || !l.tracksPeers() {
+		report(pod, true)
+		return true, false
+	}
+	// No connection from addr (the message was read after its close): the
+	// processor may have no state for the pod before its message is
+	// handed, so the caller reports it down after.
+	return true, true
 }
 
 // tracksPeers reports whether connections are known at all: when the
 // monitor's descriptors cannot be read, no pod is ever reported down.
 func (l *links) tracksPeers() bool { return len(l.fds) > 0 }
+
+// prunePeer forgets the pods of addr the processor no longer tracks.
+func (l *links) prunePeer(addr netip.Addr) {
+	ps := l.pods[addr]
+	// Backwards: forget takes the pod out of this slice in place.
+	for i := len(ps) - 1; i >= 0; i-- {
+		if !l.tracked(ps[i]) {
+			l.forget(ps[i], addr)
+		}
+	}
+}
 
 func (l *links) forget(pod string, addr netip.Addr) {
 	delete(l.podAddr, pod)

@@ -67,8 +67,13 @@ type SubscriberConfig struct {
 	// MaxPodsPerSender bounds the pods one sender address may publish for
 	// on a Bind socket (pods named by its own IP with different ports, or
 	// by DNS names from an allowed network); messages naming more are
-	// counted in Stats.SenderMismatch. Default 64: a vLLM pod publishes
-	// for one name, its data-parallel ranks in the payload.
+	// counted in Stats.SenderMismatch. It is also the default of
+	// Events.MaxHoldersPerSender, which bounds the holders (pod x
+	// data-parallel rank) one sender's messages make, the rank being in
+	// the payload: one name with 4,200 ranks is 4,200 holders. A sender is
+	// a bind-mode peer's IP address, or a connect-mode pod. Pods the
+	// processor forgot (evicted) no longer count. Default 64: a vLLM pod
+	// publishes for one name, its data-parallel ranks in the payload.
 	MaxPodsPerSender int
 	// Heartbeat is the ZMTP heartbeat interval on every connection; a
 	// peer that answers none for three intervals is disconnected (a
@@ -125,6 +130,12 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 			return nil, err
 		}
 	}
+	if cfg.MaxPodsPerSender <= 0 {
+		cfg.MaxPodsPerSender = 64
+	}
+	if cfg.Events.MaxHoldersPerSender <= 0 {
+		cfg.Events.MaxHoldersPerSender = cfg.MaxPodsPerSender
+	}
 	proc, err := events.NewProcessor(cfg.Events)
 	if err != nil {
 		return nil, err
@@ -140,9 +151,6 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	}
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = 64 << 20
-	}
-	if cfg.MaxPodsPerSender <= 0 {
-		cfg.MaxPodsPerSender = 64
 	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = time.Second
@@ -362,8 +370,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	started = true
 	r := &receiver{s: s, poller: zmq4.NewPoller(), bind: bind, bindMon: bindMon, live: map[string]*conn{},
-		bySock: map[*zmq4.Socket]*conn{}, byMon: map[*zmq4.Socket]*conn{}, podUp: map[string]int{},
-		links: newLinks(2*s.proc.Config().MaxHolders, s.cfg.MaxPodsPerSender)}
+		bySock: map[*zmq4.Socket]*conn{}, byMon: map[*zmq4.Socket]*conn{}, podUp: map[string]int{}, senderNames: map[string]string{},
+		links: newLinks(4*s.proc.Config().MaxHolders, s.cfg.MaxPodsPerSender, s.proc.Tracked)}
 	if bind != nil {
 		r.poller.Add(bindMon, zmq4.POLLIN)
 		r.poller.Add(bind, zmq4.POLLIN)
@@ -413,6 +421,11 @@ type receiver struct {
 	podUp   map[string]int         // connect mode: a pod's connected endpoints
 	links   *links                 // bind mode
 	sources map[string]*source
+	// senderNames caches senderName's answers, by Peer-Address.
+	senderNames map[string]string
+	// downAfter: sender found the message's pod down, to be reported
+	// once the message is handed (links.heard).
+	downAfter bool
 }
 
 func (r *receiver) loop(ctx context.Context) {
@@ -511,6 +524,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 		}
 	}
 	for range 256 {
+		r.downAfter = false
 		var frames [][]byte
 		var meta map[string]string
 		var err error
@@ -532,10 +546,12 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 		var src *source
 		if c != nil {
 			src = c.src
+			m.Sender = c.src.pod
 			if !ok {
 				model = topic
 			}
 		} else {
+			m.Sender = r.senderName(meta["Peer-Address"])
 			if !ok {
 				r.s.proc.NoPod(topic, m.Seq)
 				continue
@@ -551,8 +567,13 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 			if src == nil {
 				src = &source{pod: pod}
 				// Bounded like the holders: names a peer makes up must not
-				// grow the map without end.
-				if valid && len(r.sources) < r.s.proc.Config().MaxHolders {
+				// grow the map without end, nor pods gone fill it for good.
+				// The processor tracks at most 3 x MaxHolders pods, so a
+				// prune at 4 x frees a quarter at least (as links).
+				if limit := 4 * r.s.proc.Config().MaxHolders; valid && len(r.sources) >= limit {
+					r.pruneSources()
+				}
+				if valid && len(r.sources) < 4*r.s.proc.Config().MaxHolders {
 					r.sources[pod] = src
 				}
 			}
@@ -569,8 +590,41 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 			m.Replay = src
 		}
 		r.s.proc.Handle(ctx, m)
+		if r.downAfter {
+			r.downAfter = false
+			r.s.proc.PodConnected(m.Pod, false)
+		}
 	}
 	return false
+}
+
+// senderName is a bind-mode message's events.Message.Sender: its peer's
+// IP address, IPv4-mapped ones as IPv4; "" for a peer that is no TCP
+// address (ipc://, inproc://: a local process). The names are cached, so
+// that a message costs no allocation.
+func (r *receiver) senderName(peer string) string {
+	if name, ok := r.senderNames[peer]; ok {
+		return name
+	}
+	name := ""
+	if a, err := netip.ParseAddr(peer); err == nil {
+		name = a.Unmap().String()
+	}
+	if len(r.senderNames) >= 4096 {
+		clear(r.senderNames) // bounded: peers are what connects
+	}
+	r.senderNames[peer] = name
+	return name
+}
+
+// pruneSources forgets the bind-mode pods heard from but not registered
+// (AddPod) that the processor forgot.
+func (r *receiver) pruneSources() {
+	for pod, src := range r.sources {
+		if !src.perRank && !r.s.proc.Tracked(pod) {
+			delete(r.sources, pod)
+		}
+	}
 }
 
 // podOfConn names the pod of a connect-mode message, "" for bind mode.
@@ -601,10 +655,12 @@ func (r *receiver) sender(pod, peer string, seq uint64) bool {
 			return false
 		}
 	}
-	if !r.links.heard(pod, addr, r.s.proc.PodConnected) {
+	ok, downAfter := r.links.heard(pod, addr, r.s.proc.PodConnected)
+	if !ok {
 		r.s.proc.SenderMismatch(pod, peer+" (past MaxPodsPerSender)", seq)
 		return false
 	}
+	r.downAfter = downAfter
 	return true
 }
 
