@@ -46,10 +46,14 @@ type Config struct {
 	// that IP only. EventsNoSenderCheck turns sender verification off.
 	EventsAllow         []netip.Prefix
 	EventsNoSenderCheck bool
-	// EventsPodsPerSender bounds the pods one sender address publishes for
+	// EventsPodsPerSender bounds the pods, and the holders (pod x
+	// data-parallel rank), one sender publishes for
 	// on EventsBind (zmq.SubscriberConfig.MaxPodsPerSender); zero:
 	// DefaultEventsPodsPerSender.
 	EventsPodsPerSender int
+	// EventsLogBudget bounds the log lines of each kind a second across
+	// all pods (events.Config.LogBudget); zero: 10.
+	EventsLogBudget int
 	// EventsMaxHolders bounds the holders followed
 	// (events.Config.MaxHolders); zero: DefaultEventsMaxHolders.
 	EventsMaxHolders int
@@ -261,7 +265,8 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	var allow stringList
 	fs.Var(&allow, "events-allow", "a sender network (CIDR) --events-bind accepts pods named by DNS names from (repeatable; default loopback only); a pod named by an IP is accepted from that IP only")
 	fs.BoolVar(&cfg.EventsNoSenderCheck, "events-no-sender-check", false, "accept any sender on --events-bind for any pod name (only where every peer that reaches the port is trusted)")
-	fs.IntVar(&cfg.EventsPodsPerSender, "events-max-pods-per-sender", DefaultEventsPodsPerSender, "pods one sender address may publish for on --events-bind")
+	fs.IntVar(&cfg.EventsPodsPerSender, "events-max-pods-per-sender", DefaultEventsPodsPerSender, "pods, and holders (pod x data-parallel rank), one sender may publish for (a sender is the peer's address on --events-bind, the pod on --events-connect)")
+	fs.IntVar(&cfg.EventsLogBudget, "events-log-budget", 10, "event-intake log lines of each kind a second across all pods; the next line says how many were left out")
 	fs.IntVar(&cfg.EventsMaxHolders, "events-max-holders", DefaultEventsMaxHolders, "holders (pod, data-parallel rank) followed; at the bound the least recently heard one, stale first, is evicted to make room")
 	fs.DurationVar(&cfg.SnapshotExpiry, "snapshot-expiry", DefaultSnapshotExpiry, "how long holders restored from the snapshot that never publish keep their entries")
 	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL] (repeatable); "+
@@ -376,6 +381,9 @@ func (c *Config) Validate() error {
 	}
 	if c.EventsMaxHolders < 1 {
 		return fmt.Errorf("--events-max-holders must be at least 1, got %d", c.EventsMaxHolders)
+	}
+	if c.EventsLogBudget < 0 {
+		return fmt.Errorf("--events-log-budget must not be negative, got %d", c.EventsLogBudget)
 	}
 	if c.EventsPodsPerSender < 1 {
 		return fmt.Errorf("--events-max-pods-per-sender must be at least 1, got %d", c.EventsPodsPerSender)

@@ -27,14 +27,14 @@ import (
 type renderFake struct {
 	srv    *httptest.Server
 	calls  atomic.Int64
-	answer func(w http.ResponseWriter) bool
+	answer atomic.Pointer[func(w http.ResponseWriter) bool]
 }
 
 func newRenderFake(t *testing.T) *renderFake {
 	f := &renderFake{}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.calls.Add(1)
-		if f.answer != nil && f.answer(w) {
+		if answer := f.answer.Load(); answer != nil && (*answer)(w) {
 			return
 		}
 		var req struct {
@@ -247,7 +247,8 @@ func TestServeAnswersRenderFailuresClearlyNeverWithAZeroScore(t *testing.T) {
 			http.StatusBadGateway, rejectRenderBadResponse, "render backend gave a bad answer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fake.answer = func(w http.ResponseWriter) bool { tc.answer(w); return true }
+			answer := func(w http.ResponseWriter) bool { tc.answer(w); return true }
+			fake.answer.Store(&answer)
 			before := rejected(s, "/v1/score", tc.reason)
 			code, body := call(t, "POST", base+"/v1/score", chat)
 			require.Equal(t, tc.code, code, "%s", body)

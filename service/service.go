@@ -95,7 +95,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
 		SenderCheckHint: "--events-allow NETWORK for pods named by DNS names (a pod named by an IP publishes from that IP only), or --events-no-sender-check where every peer that reaches the port is trusted",
-		ReplayDeadline:  cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap(), SnapshotExpiry: cfg.SnapshotExpiry, MaxHolders: cfg.EventsMaxHolders}
+		ReplayDeadline:  cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap(), SnapshotExpiry: cfg.SnapshotExpiry, MaxHolders: cfg.EventsMaxHolders,
+		MaxHoldersPerSender: cfg.EventsPodsPerSender, LogBudget: cfg.EventsLogBudget}
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
