@@ -239,7 +239,8 @@ func (d *Decoder) int(what string) (int, error) {
 	return int(v), nil
 }
 
-// hash reads a block hash: an integer, or raw digest bytes reduced to their
+// hash reads a block hash: an integer, signed or not (a negative one is its
+// 64-bit two's-complement pattern), or raw digest bytes reduced to their
 // last 8 bytes, big-endian.
 func (d *Decoder) hash(what string) (uint64, error) {
 	if k, _ := d.peek(what); k == msgpackr.KindBin || k == msgpackr.KindStr {
@@ -259,7 +260,9 @@ func (d *Decoder) hash(what string) (uint64, error) {
 		}
 		return v, nil
 	}
-	v, err := d.r.Uint()
+	// Signed producers (SGLang, TensorRT-LLM, Dynamo) send a hash as int64:
+	// its bit pattern is the key, as Dynamo's decoder reads it.
+	v, err := d.r.Word()
 	if err != nil {
 		return 0, d.wrap(what, err)
 	}

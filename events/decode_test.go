@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -295,4 +296,50 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestDecodeReadsSignedHashesAsTheirBitPattern(t *testing.T) {
+	// SGLang, TensorRT-LLM and Dynamo send int64 hashes: negative ones in
+	// every integer width msgpack picks.
+	hashes := []int64{-1, -32, -33, -129, -32769, -1 << 31, -1<<31 - 1, math.MinInt64, 5, math.MaxInt64}
+	want := make([]uint64, len(hashes))
+	for i, h := range hashes {
+		want[i] = uint64(h)
+	}
+	array := []any{1.5, []any{
+		[]any{"BlockStored", hashes, int64(-7), nil, 16, nil, "GPU"},
+		[]any{"BlockRemoved", hashes},
+	}}
+	maps := []any{1.5, []any{
+		map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": int64(math.MinInt64)},
+		map[string]any{"type": "BlockRemoved", "block_hashes": hashes},
+	}}
+	tests := []struct {
+		name   string
+		batch  any
+		parent uint64
+	}{
+		{"array layout", array, uint64(1<<64 - 7)},
+		{"map layout", maps, 1 << 63},
+	}
+	d := NewDecoder()
+	var b Batch
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			payload, err := msgpack.Marshal(tc.batch)
+			require.NoError(t, err)
+			require.NoError(t, d.Decode(payload, &b))
+			require.Len(t, b.Events, 2)
+			require.Equal(t, want, b.Events[0].BlockHashes)
+			require.Equal(t, Some(tc.parent), b.Events[0].Parent)
+			require.Equal(t, want, b.Events[1].BlockHashes)
+		})
+	}
+}
+
+func TestDecodeRefusesSignedValuesOutsideHashes(t *testing.T) {
+	// Only hashes are bit patterns: a negative block size stays an error.
+	payload, err := msgpack.Marshal([]any{1.5, []any{[]any{"BlockStored", []int64{-1}, nil, []int{1}, -1}}})
+	require.NoError(t, err)
+	require.ErrorIs(t, NewDecoder().Decode(payload, &Batch{}), ErrMalformed)
 }

@@ -384,6 +384,19 @@ func (r *Reader) Int() (int64, error) {
 	return int64(v), nil
 }
 
+// Word reads an integer in any encoding as its 64-bit two's-complement
+// pattern: a negative one as uint64(int64(v)), a non-negative one as
+// itself. Engines that publish hashes as signed int64 (SGLang,
+// TensorRT-LLM) send half of them negative; read this way they are the
+// same 64 bits an unsigned producer would send.
+func (r *Reader) Word() (uint64, error) {
+	if r.i < len(r.b) && r.b[r.i] == Uint64 {
+		return r.Uint()
+	}
+	v, err := r.Int()
+	return uint64(v), err
+}
+
 // Float reads a float32, a float64 or an integer as a float64.
 func (r *Reader) Float() (float64, error) {
 	if r.i >= len(r.b) {

@@ -316,3 +316,34 @@ func TestReaderStringsAliasTheInput(t *testing.T) {
 	require.Equal(t, "Hi", string(s))
 	require.Equal(t, 2, cap(s), "an aliased string cannot be appended into the input")
 }
+
+func TestWordReadsEveryIntegerAsItsBitPattern(t *testing.T) {
+	tests := []struct {
+		name string
+		in   []byte
+		want uint64
+	}{
+		{"positive fixint", []byte{0x05}, 5},
+		{"negative fixint", []byte{0xff}, 1<<64 - 1},
+		{"int8", []byte{0xd0, 0x80}, 1<<64 - 128},
+		{"int16", []byte{0xd1, 0x80, 0x00}, 1<<64 - 1<<15},
+		{"int32", []byte{0xd2, 0x80, 0, 0, 0}, 1<<64 - 1<<31},
+		{"int64 minimum", []byte{0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0}, 1 << 63},
+		{"uint64 maximum", []byte{0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 1<<64 - 1},
+		{"uint32", []byte{0xce, 0xff, 0xff, 0xff, 0xff}, 1<<32 - 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var r Reader
+			r.Reset(tc.in)
+			got, err := r.Word()
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+			require.Zero(t, r.Len())
+		})
+	}
+	var r Reader
+	r.Reset([]byte{0xa1, 'x'})
+	_, err := r.Word()
+	require.ErrorIs(t, err, ErrType)
+}
