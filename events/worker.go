@@ -20,6 +20,7 @@ type holder struct {
 	id     index.Holder
 	replay Replayer
 	model  string
+	engine Engine
 
 	started bool
 	next    uint64 // sequence number expected next
@@ -125,6 +126,7 @@ type worker struct {
 	batch, rbatch Batch
 	keys, keys2   []uint64
 	extra         [][]hashing.ExtraKey
+	pairTokens    []uint32 // checkTokens' buffer
 
 	// congested is Handle's: an enqueue to this worker timed out and none
 	// has succeeded since.
@@ -431,7 +433,7 @@ func (w *worker) holder(m *message, rank int) *holder {
 		w.holders[id] = h
 		w.p.holders.Store(id, h)
 	}
-	h.replay = m.Replay
+	h.replay, h.engine = m.Replay, m.Engine
 	h.heardAt.Store(time.Now().UnixNano())
 	if h.model != m.Model {
 		h.model = m.Model
@@ -474,7 +476,7 @@ func (w *worker) replays(h *holder, seq uint64) bool {
 	switch {
 	case !h.started:
 		return seq != 0
-	case seq == h.next:
+	case seq == h.next, w.heartbeat(h, seq):
 		return false
 	case seq > h.next:
 		return true
@@ -492,6 +494,13 @@ func (w *worker) step(h *holder, seq uint64, payload []byte) {
 		h.started = true
 		w.catchUp(h, seq)
 	case seq == h.next:
+	case w.heartbeat(h, seq):
+		w.p.c[cHeartbeats].Add(1)
+		return
+	case h.engine == EngineTRTLLM && seq > h.next && seq-h.next >= TRTRestartJump:
+		// TensorRT-LLM's numbers start at its process's time_ns.
+		w.restart(h, seq)
+		w.catchUp(h, seq)
 	case seq > h.next:
 		w.p.c[cGaps].Add(1)
 		h.c[cGaps].Add(1)
@@ -520,6 +529,13 @@ func (w *worker) step(h *holder, seq uint64, payload []byte) {
 		return
 	}
 	w.apply(h, &w.batch, seq, payload)
+}
+
+// heartbeat reports whether batch seq of h, in w.batch, is an empty batch
+// repeating the last applied number: a heartbeat of the same process,
+// which must not read as a restart.
+func (w *worker) heartbeat(h *holder, seq uint64) bool {
+	return len(w.batch.Events) == 0 && h.hasSeq.Load() && seq+1 == h.next
 }
 
 // catchUp fetches, when the pod has a replay endpoint, the batches before
@@ -868,7 +884,9 @@ func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 	req := hashing.Request{Tokens: tokens}
 	extra, ok := e.ExtraKeys.Get()
 	if !ok {
-		req.LoRAName = e.LoRAName
+		// SGLang's BlockStoredWithMetadata names the salt; vLLM's salt is
+		// in its extra keys.
+		req.LoRAName, req.CacheSalt = e.LoRAName, e.CacheSalt
 		return req, nil
 	}
 	if e.BlockSize > 0 {
@@ -900,6 +918,22 @@ func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 	return req, nil
 }
 
+// checkTokens returns the tokens of e's first n blocks for rehashing; with
+// eagle, for an event of EAGLE pairs, the token after them too, which
+// SGLang's bigram keys hash.
+func (w *worker) checkTokens(e *Event, n int, eagle bool) []uint32 {
+	t := e.TokenIDs[:n*e.BlockSize]
+	if !e.Bigram || !eagle {
+		return t
+	}
+	next := e.BigramNext
+	if len(e.TokenIDs) > len(t) {
+		next = e.TokenIDs[len(t)]
+	}
+	w.pairTokens = append(append(w.pairTokens[:0], t...), next)
+	return w.pairTokens
+}
+
 // checkBlocks is how many leading blocks the hash agreement check rehashes.
 const checkBlocks = 2
 
@@ -922,7 +956,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		// Algorithm, seed and key form all show in block 0 and the chaining
 		// in block 1, so two blocks keep the check cheap on every event.
 		n = min(n, checkBlocks)
-		req, err := w.request(e, e.TokenIDs[:n*e.BlockSize])
+		req, err := w.request(e, w.checkTokens(e, n, cfg.Algo == hashing.SGLangEAGLE))
 		if err == nil {
 			if req.Extra != nil {
 				req.Extra = req.Extra[:n]
@@ -964,7 +998,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	// interval bounds how often.
 	diag := cause
 	n = min(len(e.BlockHashes), checkBlocks)
-	if req, err := w.request(e, e.TokenIDs[:n*e.BlockSize]); err == nil {
+	if req, err := w.request(e, w.checkTokens(e, n, true)); err == nil {
 		if req.Extra != nil {
 			req.Extra = req.Extra[:n]
 		}
