@@ -652,10 +652,10 @@ func (d *Decoder) field(e *Event, f int) error {
 			e.BlockHashes = make([]uint64, n)
 		}
 		e.BlockHashes = e.BlockHashes[:n]
-		// Integers in one pass; a raw digest (or an error, which hash
-		// reports) stops it, and hash reads that one.
+		// Integers of either sign in one pass; a raw digest (or an error,
+		// which hash reports) stops it, and hash reads that one.
 		for i := 0; i < n; i++ {
-			k, err := d.r.Uint64s(e.BlockHashes[i:])
+			k, err := d.r.Words(e.BlockHashes[i:])
 			if i += k; err == nil {
 				break
 			}

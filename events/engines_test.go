@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvsource/kvsource/events/internal/eventstest"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/enginepub"
@@ -299,4 +300,24 @@ func TestParseEngine(t *testing.T) {
 	require.Equal(t, hashing.SGLang, EngineSGLang.Hashing().Algo)
 	require.Equal(t, 1, EngineSGLang.Hashing().BlockSize)
 	require.Equal(t, hashing.TRTV1, EngineTRTLLM.Hashing().Algo)
+}
+
+func TestPerPageEventsApplyAsOneIndexCallPerChain(t *testing.T) {
+	// SGLang at page size 1: a page per event. Each chain is one Store,
+	// and a removal run one Remove, in the batch's order.
+	sink := eventstest.NewRecSink()
+	p := startProcessor(t, Config{Sink: sink})
+	pod := enginepub.New(enginepub.Config{Engine: enginepub.SGLang, PageSize: 1, Capacity: 24})
+	a, b := seqTokens(1, 16), seqTokens(100, 16)
+	pod.Serve(a)
+	pod.Serve(b) // evicts 8 pages of a's: 8 BlockRemoved events after b's 16 BlockStored
+	seq, payload := pod.Flush()
+	h := index.Holder{Pod: "10.0.0.1:8000"}
+	p.Handle(t.Context(), Message{Pod: h.Pod, Model: "m", Seq: seq, Payload: payload, Engine: EngineSGLang})
+	require.NoError(t, p.WaitApplied(t.Context(), h, seq))
+	require.Equal(t, 2, sink.Stores(), "one Store per chain")
+	want := slices.Concat(pod.Keys(a)[:8], pod.Keys(b))
+	slices.Sort(want)
+	require.Equal(t, want, sink.Keys("m", h, "GPU"))
+	require.Equal(t, uint64(16+16+8), p.Stats().Blocks)
 }

@@ -127,6 +127,7 @@ type worker struct {
 	keys, keys2   []uint64
 	extra         [][]hashing.ExtraKey
 	pairTokens    []uint32 // checkTokens' buffer
+	pending       run      // apply's pending index call
 
 	// congested is Handle's: an enqueue to this worker timed out and none
 	// has succeeded since.
@@ -800,6 +801,55 @@ func (w *worker) replayFailed(h *holder, err error) {
 	w.p.limited.logf(slog.LevelWarn, "events: replay failed", h.id.Pod, "rank", h.id.Rank, "err", err)
 }
 
+// run is a run of consecutive events that apply as one index call.
+// SGLang publishes every page as an event of its own, a one-token page at
+// its default page size: a Store or Remove per page would cost the index
+// its per-call work (the holder's lock, the model's lookup) for every
+// block, about half of the ingest rate at page size 1.
+type run struct {
+	kind   EventType // EventBlockStored or EventBlockRemoved; EventUnknown: none
+	tier   string
+	group  int
+	parent index.Parent
+	keys   []uint64
+}
+
+// extends reports whether an event of kind in tier and group whose first
+// block's parent is parent (ok: it has one) continues the run.
+func (r *run) extends(kind EventType, tier string, group int, parent uint64, ok bool) bool {
+	if r.kind != kind || r.tier != tier || r.group != group {
+		return false
+	}
+	return kind == EventBlockRemoved || (ok && len(r.keys) > 0 && r.keys[len(r.keys)-1] == parent)
+}
+
+// flush applies the pending run of h, if any.
+func (w *worker) flush(h *holder) {
+	r := &w.pending
+	switch r.kind {
+	case EventBlockStored:
+		w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: r.tier, Group: r.group, Parent: r.parent, Keys: r.keys})
+	case EventBlockRemoved:
+		w.p.cfg.Sink.Remove(h.model, h.id, r.tier, r.group, r.keys)
+	}
+	r.kind, r.keys = EventUnknown, r.keys[:0]
+}
+
+// pend adds keys to the pending run, starting a new one (after applying
+// the pending one) unless they continue it.
+func (w *worker) pend(h *holder, kind EventType, tier string, group int, parent Opt[uint64], keys []uint64) {
+	p, ok := parent.Get()
+	r := &w.pending
+	if !r.extends(kind, tier, group, p, ok) {
+		w.flush(h)
+		r.kind, r.tier, r.group, r.parent = kind, tier, group, index.Parent{}
+		if ok {
+			r.parent = index.ParentKey(p)
+		}
+	}
+	r.keys = append(r.keys, keys...)
+}
+
 // apply applies one batch of h with sequence number seq to the sink.
 // payload is the batch as received, for Config.Tap.
 func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
@@ -824,6 +874,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 				w.checkAgreement(h, e, seq)
 			}
 			if h.content != nil {
+				w.flush(h)
 				w.storeContent(h, e, seq)
 				continue
 			}
@@ -833,15 +884,12 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 				// A hybrid group skipped blocks: which ones is unknown, so
 				// neither the parent nor any two keys are known to be
 				// consecutive, and the index must not chain them.
+				w.flush(h)
 				for j := range e.BlockHashes {
 					sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Keys: e.BlockHashes[j : j+1]})
 				}
 			default:
-				var parent index.Parent
-				if p, ok := e.Parent.Get(); ok {
-					parent = index.ParentKey(p)
-				}
-				sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: e.BlockHashes})
+				w.pend(h, EventBlockStored, e.Medium, e.GroupIdx.Or(0), e.Parent, e.BlockHashes)
 			}
 		case EventBlockRemoved:
 			blocks += uint64(len(e.BlockHashes))
@@ -850,9 +898,10 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 				keys = w.resolve(h, keys)
 			}
 			if len(keys) > 0 {
-				sink.Remove(h.model, h.id, e.Medium, e.GroupIdx.Or(0), keys)
+				w.pend(h, EventBlockRemoved, e.Medium, e.GroupIdx.Or(0), Opt[uint64]{}, keys)
 			}
 		case EventAllBlocksCleared:
+			w.flush(h)
 			// vLLM's prefix-cache reset; every tier is cleared, so that no
 			// pull is ever sent for a block the reset dropped.
 			sink.ClearHolder(h.model, h.id, "")
@@ -862,6 +911,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 			continue
 		}
 	}
+	w.flush(h)
 	w.p.c[cEvents].Add(uint64(len(b.Events)))
 	w.p.c[cBlocks].Add(blocks)
 	w.p.c[cBatches].Add(1)

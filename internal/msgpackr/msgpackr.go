@@ -493,6 +493,28 @@ func (r *Reader) Uint64s(dst []uint64) (int, error) {
 	return len(dst), nil
 }
 
+// Words is Uint64s for integers of either sign, each read as Word reads
+// it: the block hashes of signed producers, half of them negative, in one
+// pass without an error per value. int64 and uint64 encodings are decoded
+// inline.
+func (r *Reader) Words(dst []uint64) (int, error) {
+	for j := range dst {
+		if r.i+9 <= len(r.b) {
+			if c := r.b[r.i]; c == Uint64 || c == Int64 {
+				dst[j] = binary.BigEndian.Uint64(r.b[r.i+1:])
+				r.i += 9
+				continue
+			}
+		}
+		v, err := r.Word()
+		if err != nil {
+			return j, err
+		}
+		dst[j] = v
+	}
+	return len(dst), nil
+}
+
 // Skip reads one value of any type, in place. maxDepth bounds the arrays
 // and maps the value may nest, so that a hostile input cannot recurse
 // deeply: Skip(0) takes scalars only, Skip(1) also an array or a map of

@@ -347,3 +347,17 @@ func TestWordReadsEveryIntegerAsItsBitPattern(t *testing.T) {
 	_, err := r.Word()
 	require.ErrorIs(t, err, ErrType)
 }
+
+func TestWordsReadsIntegersOfEitherSignUntilAnotherValue(t *testing.T) {
+	data := []byte{0x05, 0xff, 0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe, 0xd1, 0xff, 0x00, 0xc4, 0x01, 0x07}
+	var r Reader
+	r.Reset(data)
+	dst := make([]uint64, 6)
+	n, err := r.Words(dst)
+	require.ErrorIs(t, err, ErrType)
+	require.Equal(t, 5, n)
+	require.Equal(t, []uint64{5, 1<<64 - 1, 1 << 63, 1<<64 - 2, 1<<64 - 256}, dst[:n])
+	b, err := r.Bytes()
+	require.NoError(t, err, "the reader stands at the value refused")
+	require.Equal(t, []byte{7}, b)
+}
