@@ -13,6 +13,7 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/enginepub"
+	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 // End-to-end at the SDK level, per engine: models of SGLang's and
@@ -320,4 +321,29 @@ func TestPerPageEventsApplyAsOneIndexCallPerChain(t *testing.T) {
 	slices.Sort(want)
 	require.Equal(t, want, sink.Keys("m", h, "GPU"))
 	require.Equal(t, uint64(16+16+8), p.Stats().Blocks)
+}
+
+func TestAMismatchNamesTheEngineWhoseKeysTheStreamCarries(t *testing.T) {
+	tests := []struct {
+		pub  enginepub.Config
+		want string
+	}{
+		{enginepub.Config{Engine: enginepub.SGLang, PageSize: 16}, "SGLang's sglang keys (block size 16), not vLLM's: set --algo sglang"},
+		{enginepub.Config{Engine: enginepub.SGLang, PageSize: 16, EAGLE: true}, "SGLang's sglang_eagle keys"},
+		{enginepub.Config{Engine: enginepub.TRTLLM, PageSize: 16, Start: 1 << 61}, "TensorRT-LLM's trtllm_v1_block_key keys"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.want, func(t *testing.T) {
+			var logs testenv.SyncBuffer
+			p := startProcessor(t, Config{Sink: index.New(index.Config{}), Hasher: &hashing.Hasher{}, Logger: testenv.TextLogger(&logs)})
+			pod := enginepub.New(tc.pub)
+			pod.Serve(seqTokens(1, 64))
+			seq, payload := pod.Flush()
+			h := index.Holder{Pod: "10.0.0.1:8000"}
+			p.Handle(t.Context(), Message{Pod: h.Pod, Model: "m", Seq: seq, Payload: payload})
+			require.NoError(t, p.WaitApplied(t.Context(), h, seq))
+			require.NotZero(t, p.Stats().HashMismatches)
+			require.Contains(t, logs.String(), tc.want)
+		})
+	}
 }
