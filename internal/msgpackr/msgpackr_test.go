@@ -361,3 +361,66 @@ func TestWordsReadsIntegersOfEitherSignUntilAnotherValue(t *testing.T) {
 	require.NoError(t, err, "the reader stands at the value refused")
 	require.Equal(t, []byte{7}, b)
 }
+
+// FuzzWords checks Words against vmihailenco/msgpack: every integer it
+// reads is the oracle's, as its 64-bit pattern, and it stops at the first
+// value that is no integer, standing at it.
+func FuzzWords(f *testing.F) {
+	for _, s := range [][]any{{1, -1, int64(math.MinInt64), uint64(math.MaxUint64)}, {-129, 70000, "x"}, {int8(-5), []byte{1}}} {
+		var b []byte
+		for _, v := range s {
+			e, err := msgpack.Marshal(v)
+			require.NoError(f, err)
+			b = append(b, e...)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r Reader
+		r.Reset(data)
+		dst := make([]uint64, 8)
+		n, err := r.Words(dst)
+		dec := msgpack.NewDecoder(bytes.NewReader(data))
+		for i := range n {
+			v, derr := dec.DecodeInterface()
+			require.NoError(t, derr)
+			switch x := v.(type) {
+			case int8, int16, int32, int64:
+				require.Equal(t, uint64(toInt64(x)), dst[i])
+			case uint8, uint16, uint32, uint64:
+				require.Equal(t, toUint64(x), dst[i])
+			default:
+				t.Fatalf("Words read %d from a %T", dst[i], v)
+			}
+		}
+		if err == nil {
+			require.Equal(t, len(dst), n)
+			return
+		}
+		require.True(t, errors.Is(err, ErrType) || errors.Is(err, io.ErrUnexpectedEOF), "%v", err)
+	})
+}
+
+func toInt64(v any) int64 {
+	switch x := v.(type) {
+	case int8:
+		return int64(x)
+	case int16:
+		return int64(x)
+	case int32:
+		return int64(x)
+	}
+	return v.(int64)
+}
+
+func toUint64(v any) uint64 {
+	switch x := v.(type) {
+	case uint8:
+		return uint64(x)
+	case uint16:
+		return uint64(x)
+	case uint32:
+		return uint64(x)
+	}
+	return v.(uint64)
+}
