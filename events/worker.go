@@ -127,7 +127,7 @@ type worker struct {
 	keys, keys2   []uint64
 	extra         [][]hashing.ExtraKey
 	pairTokens    []uint32 // checkTokens' buffer
-	pending       run      // apply's pending index call
+	indexRun      run      // apply's pending index call
 
 	// congested is Handle's: an enqueue to this worker timed out and none
 	// has succeeded since.
@@ -825,7 +825,7 @@ func (r *run) extends(kind EventType, tier string, group int, parent uint64, ok 
 
 // flush applies the pending run of h, if any.
 func (w *worker) flush(h *holder) {
-	r := &w.pending
+	r := &w.indexRun
 	switch r.kind {
 	case EventBlockStored:
 		w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: r.tier, Group: r.group, Parent: r.parent, Keys: r.keys})
@@ -839,7 +839,7 @@ func (w *worker) flush(h *holder) {
 // the pending one) unless they continue it.
 func (w *worker) pend(h *holder, kind EventType, tier string, group int, parent Opt[uint64], keys []uint64) {
 	p, ok := parent.Get()
-	r := &w.pending
+	r := &w.indexRun
 	if !r.extends(kind, tier, group, p, ok) {
 		w.flush(h)
 		r.kind, r.tier, r.group, r.parent = kind, tier, group, index.Parent{}
