@@ -27,7 +27,10 @@ const (
 	// hash_v1_block_key): a 64-bit mix of the block's length, its parent key
 	// and its tokens, the parent key being 0 for block 0. A Request's
 	// CacheSalt mixes into block 0 as TensorRT-LLM's KV cache manager V2
-	// does (the salt id of get_cache_salt_id).
+	// does (the salt id of get_cache_salt_id); the V1 manager's C++ hasher
+	// mixes std::hash of the salt instead, which no router reproduces. A
+	// LoRA task id, which the engine mixes into every block, is not
+	// modelled.
 	TRTV1 Algo = "trtllm_v1_block_key"
 	// TRTV2SHA256_64 is TensorRT-LLM's v2_sha256_64: the V2 KV cache
 	// manager's radix block key, SHA-256 over the parent's 32-byte digest
