@@ -38,6 +38,7 @@ fuzz: deps
 	$(GO) test ./events -run '^$$' -fuzz FuzzValidPodName -fuzztime $(FUZZTIME)
 	$(GO) test ./transfer/p2p -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/msgpackr -run '^$$' -fuzz FuzzReader -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/msgpackr -run '^$$' -fuzz FuzzWords -fuzztime $(FUZZTIME)
 	$(GO) test ./index -run '^$$' -fuzz FuzzLoadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzEscapeToken -fuzztime $(FUZZTIME)
 	$(GO) test ./events/natsstream -run '^$$' -fuzz FuzzParseBatch -fuzztime $(FUZZTIME)

@@ -45,6 +45,7 @@ const (
 	cConflictDropped
 	cDisconnects
 	cExpired
+	cHeartbeats
 	numCounters
 )
 
@@ -115,6 +116,7 @@ var Counters = []Counter{
 	{"conflict_dropped", "Messages of holders in state conflict, dropped.", func(s *Stats) *uint64 { return &s.ConflictDropped }, nil, cConflictDropped},
 	{"disconnects", "Pods whose connection went down.", func(s *Stats) *uint64 { return &s.Disconnects }, nil, cDisconnects},
 	{"snapshot_expired", "Holders restored from a snapshot and never heard from, removed after Config.SnapshotExpiry.", func(s *Stats) *uint64 { return &s.SnapshotExpired }, nil, cExpired},
+	{"heartbeats", "Empty batches repeating the last applied sequence number: liveness, not a restart.", func(s *Stats) *uint64 { return &s.Heartbeats }, nil, cHeartbeats},
 }
 
 // MarshalJSON renders a holder's status with its counters named as in

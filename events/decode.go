@@ -91,6 +91,16 @@ type Event struct {
 	ExtraKeys Opt[[][]byte]
 	// GroupIdx is the KV cache group (hybrid models); absent is group 0.
 	GroupIdx Opt[int]
+	// CacheSalt is the cache_salt of SGLang's BlockStoredWithMetadata (a
+	// metadata map where vLLM's layout has lora_name); "" when none.
+	CacheSalt string
+	// Bigram is set when token_ids came as SGLang's EAGLE pairs
+	// [[t0,t1],[t1,t2],...]: TokenIDs then holds each pair's first token,
+	// so a block's tokens are the prompt's as without EAGLE, and
+	// BigramNext is the last pair's second token (the token after the
+	// event's last block), which SGLang's EAGLE keys hash too.
+	Bigram     bool
+	BigramNext uint32
 
 	extraBuf   []byte
 	extraSpans []int
@@ -108,6 +118,8 @@ func (e *Event) reset() {
 	e.LoRAName = ""
 	e.ExtraKeys = Opt[[][]byte]{v: e.ExtraKeys.v[:0]}
 	e.GroupIdx = Opt[int]{}
+	e.CacheSalt = ""
+	e.Bigram, e.BigramNext = false, 0
 	e.extraBuf = e.extraBuf[:0]
 	e.extraSpans = e.extraSpans[:0]
 }
@@ -239,13 +251,19 @@ func (d *Decoder) int(what string) (int, error) {
 	return int(v), nil
 }
 
-// hash reads a block hash: an integer, or raw digest bytes reduced to their
+// hash reads a block hash: an integer, signed or not (a negative one is its
+// 64-bit two's-complement pattern), or raw digest bytes reduced to their
 // last 8 bytes, big-endian.
 func (d *Decoder) hash(what string) (uint64, error) {
 	if k, _ := d.peek(what); k == msgpackr.KindBin || k == msgpackr.KindStr {
 		b, err := d.str(what)
 		if err != nil {
 			return 0, err
+		}
+		if k == msgpackr.KindStr {
+			if v, ok := hexKey(b); ok {
+				return v, nil
+			}
 		}
 		if len(b) == 0 || len(b) > maxHashSize {
 			return 0, d.errorf("%s: digest of %d bytes", what, len(b))
@@ -259,11 +277,41 @@ func (d *Decoder) hash(what string) (uint64, error) {
 		}
 		return v, nil
 	}
-	v, err := d.r.Uint()
+	// Signed producers (SGLang, TensorRT-LLM, Dynamo) send a hash as int64:
+	// its bit pattern is the key, as Dynamo's decoder reads it.
+	v, err := d.r.Word()
 	if err != nil {
 		return 0, d.wrap(what, err)
 	}
 	return v, nil
+}
+
+// hexKey reads a hash sent as a hex string of a SHA-256 digest
+// (TensorRT-LLM's v2_sha256 events): its key is the digest's first 8 bytes
+// big-endian, which is what the same engine sends as v2_sha256_64, so both
+// forms index a block under one key.
+func hexKey(s []byte) (uint64, bool) {
+	if len(s) != 2*32 {
+		return 0, false
+	}
+	var v uint64
+	for i, c := range s {
+		var x byte
+		switch {
+		case '0' <= c && c <= '9':
+			x = c - '0'
+		case 'a' <= c && c <= 'f':
+			x = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			x = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		if i < 16 {
+			v = v<<4 | uint64(x)
+		}
+	}
+	return v, true
 }
 
 // skip skips one value of any type at the given nesting depth, bounding
@@ -434,6 +482,10 @@ func fieldByName(name []byte) int {
 		return fExtraKeys
 	case "group_idx":
 		return fGroupIdx
+	case "metadata":
+		// SGLang's BlockStoredWithMetadata by name; by position it is
+		// where vLLM's lora_name is.
+		return fLoRAName
 	}
 	return fOther
 }
@@ -600,10 +652,10 @@ func (d *Decoder) field(e *Event, f int) error {
 			e.BlockHashes = make([]uint64, n)
 		}
 		e.BlockHashes = e.BlockHashes[:n]
-		// Integers in one pass; a raw digest (or an error, which hash
-		// reports) stops it, and hash reads that one.
+		// Integers of either sign in one pass; a raw digest (or an error,
+		// which hash reports) stops it, and hash reads that one.
 		for i := 0; i < n; i++ {
-			k, err := d.r.Uint64s(e.BlockHashes[i:])
+			k, err := d.r.Words(e.BlockHashes[i:])
 			if i += k; err == nil {
 				break
 			}
@@ -625,6 +677,11 @@ func (d *Decoder) field(e *Event, f int) error {
 		n, err := d.arrayLen("token_ids", true, maxTokens)
 		if err != nil || n < 0 {
 			return err
+		}
+		if n > 0 {
+			if k, _ := d.peek("token_ids"); k == msgpackr.KindArray {
+				return d.tokenPairs(e, n)
+			}
 		}
 		if cap(e.TokenIDs) < n {
 			e.TokenIDs = make([]uint32, n)
@@ -664,6 +721,9 @@ func (d *Decoder) field(e *Event, f int) error {
 		if d.r.Nil() {
 			return nil
 		}
+		if k, _ := d.peek("lora_name"); k == msgpackr.KindMap {
+			return d.metadata(e)
+		}
 		s, err := d.str("lora_name")
 		if err != nil {
 			return err
@@ -692,7 +752,8 @@ func (d *Decoder) medium(s []byte) string {
 	switch string(s) {
 	case "GPU", "gpu", "cuda", "CUDA":
 		return mediumGPU
-	case "CPU", "cpu":
+	case "CPU", "cpu", "CPU_PINNED", "cpu_pinned":
+		// CPU_PINNED is SGLang's HiCache host tier.
 		return mediumCPU
 	}
 	// On the stack: intern copies only a medium it has not seen.
@@ -705,6 +766,58 @@ func (d *Decoder) medium(s []byte) string {
 		up = append(up, c)
 	}
 	return d.intern(up)
+}
+
+// tokenPairs reads SGLang's EAGLE token_ids, n pairs [a, b] of
+// consecutive tokens (each b the next pair's a), into e as Bigram
+// describes.
+func (d *Decoder) tokenPairs(e *Event, n int) error {
+	if cap(e.TokenIDs) < n {
+		e.TokenIDs = make([]uint32, n)
+	}
+	e.TokenIDs = e.TokenIDs[:n]
+	var pair [2]uint32
+	for i := range n {
+		if _, err := d.arrayLen("token_ids pair", false, 2); err != nil {
+			return err
+		}
+		if err := d.r.Uint32s(pair[:]); err != nil {
+			return d.wrap("token_ids pair", err)
+		}
+		if i > 0 && pair[0] != e.BigramNext {
+			return d.errorf("token_ids pair %d starts with %d, not the previous pair's %d", i, pair[0], e.BigramNext)
+		}
+		e.TokenIDs[i], e.BigramNext = pair[0], pair[1]
+	}
+	e.Bigram = true
+	return nil
+}
+
+// metadata reads SGLang's BlockStoredMetadata map, of which only
+// cache_salt is known; other keys are skipped.
+func (d *Decoder) metadata(e *Event) error {
+	n, err := d.mapLen("metadata")
+	if err != nil {
+		return err
+	}
+	for range n {
+		key, err := d.str("metadata field name")
+		if err != nil {
+			return err
+		}
+		if string(key) != "cache_salt" || d.r.Nil() {
+			if err := d.skip(2); err != nil {
+				return err
+			}
+			continue
+		}
+		s, err := d.str("cache_salt")
+		if err != nil {
+			return err
+		}
+		e.CacheSalt = string(s)
+	}
+	return nil
 }
 
 func (d *Decoder) extraKeys(e *Event) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -273,6 +274,12 @@ func FuzzDecode(f *testing.F) {
 		map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{7}, "at": time.Unix(1, 2)}}})
 	require.NoError(f, err)
 	f.Add(mapBatch)
+	// SGLang's: signed hashes, metadata, EAGLE pairs, the host tier.
+	sglang, err := msgpack.Marshal([]any{1.5, []any{
+		[]any{"BlockStored", []int64{-5, 9}, int64(-1), [][]int{{1, 2}, {2, 3}}, 1, nil, "CPU_PINNED", map[string]any{"cache_salt": "s"}},
+		[]any{"BlockRemoved", []int64{-5}, "GPU"}}, 0})
+	require.NoError(f, err)
+	f.Add(sglang)
 	d := NewDecoder()
 	var b Batch
 	f.Fuzz(func(t *testing.T, payload []byte) {
@@ -295,4 +302,131 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestDecodeReadsSignedHashesAsTheirBitPattern(t *testing.T) {
+	// SGLang, TensorRT-LLM and Dynamo send int64 hashes: negative ones in
+	// every integer width msgpack picks.
+	hashes := []int64{-1, -32, -33, -129, -32769, -1 << 31, -1<<31 - 1, math.MinInt64, 5, math.MaxInt64}
+	want := make([]uint64, len(hashes))
+	for i, h := range hashes {
+		want[i] = uint64(h)
+	}
+	array := []any{1.5, []any{
+		[]any{"BlockStored", hashes, int64(-7), nil, 16, nil, "GPU"},
+		[]any{"BlockRemoved", hashes},
+	}}
+	maps := []any{1.5, []any{
+		map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": int64(math.MinInt64)},
+		map[string]any{"type": "BlockRemoved", "block_hashes": hashes},
+	}}
+	tests := []struct {
+		name   string
+		batch  any
+		parent uint64
+	}{
+		{"array layout", array, uint64(1<<64 - 7)},
+		{"map layout", maps, 1 << 63},
+	}
+	d := NewDecoder()
+	var b Batch
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			payload, err := msgpack.Marshal(tc.batch)
+			require.NoError(t, err)
+			require.NoError(t, d.Decode(payload, &b))
+			require.Len(t, b.Events, 2)
+			require.Equal(t, want, b.Events[0].BlockHashes)
+			require.Equal(t, Some(tc.parent), b.Events[0].Parent)
+			require.Equal(t, want, b.Events[1].BlockHashes)
+		})
+	}
+}
+
+func TestDecodeRefusesSignedValuesOutsideHashes(t *testing.T) {
+	// Only hashes are bit patterns: a negative block size stays an error.
+	payload, err := msgpack.Marshal([]any{1.5, []any{[]any{"BlockStored", []int64{-1}, nil, []int{1}, -1}}})
+	require.NoError(t, err)
+	require.ErrorIs(t, NewDecoder().Decode(payload, &Batch{}), ErrMalformed)
+}
+
+func TestDecodeReadsSGLangLayouts(t *testing.T) {
+	// SGLang's msgspec structs, array_like: BlockStored is [tag, hashes,
+	// parent, tokens, block_size, lora_id, medium], with metadata after
+	// medium in BlockStoredWithMetadata; the batch is [ts, events, attn_dp_rank].
+	salted := []any{"BlockStored", []int64{-5}, int64(-6), []int{1, 2}, 2, nil, "GPU", map[string]any{"cache_salt": "tenant-a"}}
+	eagle := []any{"BlockStored", []int64{-5, 9}, nil, [][]int{{1, 2}, {2, 3}, {3, 4}, {4, 5}}, 2, nil, "GPU"}
+	host := []any{"BlockStored", []int64{7}, nil, []int{1}, 1, nil, "CPU_PINNED"}
+	removedHost := []any{"BlockRemoved", []int64{7}, "CPU_PINNED"}
+	tests := []struct {
+		name  string
+		event any
+		check func(t *testing.T, e *Event)
+	}{
+		{"BlockStoredWithMetadata", salted, func(t *testing.T, e *Event) {
+			require.Equal(t, "tenant-a", e.CacheSalt)
+			require.Empty(t, e.LoRAName)
+			require.Equal(t, []uint32{1, 2}, e.TokenIDs)
+		}},
+		{"BlockStoredWithMetadata by name", map[string]any{"type": "BlockStored", "block_hashes": []int64{-5}, "token_ids": []int{1, 2},
+			"block_size": 2, "metadata": map[string]any{"other": []int{1}, "cache_salt": "tenant-b"}}, func(t *testing.T, e *Event) {
+			require.Equal(t, "tenant-b", e.CacheSalt)
+		}},
+		{"EAGLE token pairs", eagle, func(t *testing.T, e *Event) {
+			require.True(t, e.Bigram)
+			require.Equal(t, []uint32{1, 2, 3, 4}, e.TokenIDs)
+			require.Equal(t, uint32(5), e.BigramNext)
+		}},
+		{"CPU_PINNED is the CPU tier", host, func(t *testing.T, e *Event) {
+			require.Equal(t, "CPU", e.Medium)
+		}},
+		{"CPU_PINNED removal", removedHost, func(t *testing.T, e *Event) {
+			require.Equal(t, "CPU", e.Medium)
+			require.Equal(t, []uint64{7}, e.BlockHashes)
+		}},
+		{"a TensorRT-LLM v2_sha256 hex hash is its first 8 bytes", map[string]any{"type": "BlockRemoved",
+			"block_hashes": []string{"80112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"}}, func(t *testing.T, e *Event) {
+			require.Equal(t, []uint64{0x8011223344556677}, e.BlockHashes)
+		}},
+	}
+	d := NewDecoder()
+	var b Batch
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			payload, err := msgpack.Marshal([]any{1.5, []any{tc.event}, 1})
+			require.NoError(t, err)
+			require.NoError(t, d.Decode(payload, &b))
+			require.Equal(t, Some(1), b.DPRank)
+			require.Len(t, b.Events, 1)
+			tc.check(t, &b.Events[0])
+		})
+	}
+	// The next decode into the same batch starts clean.
+	payload, err := msgpack.Marshal([]any{1.5, []any{[]any{"BlockStored", []int64{1}, nil, []int{1}, 1}}})
+	require.NoError(t, err)
+	require.NoError(t, d.Decode(payload, &b))
+	require.False(t, b.Events[0].Bigram)
+	require.Empty(t, b.Events[0].CacheSalt)
+}
+
+func TestDecodeRefusesMalformedSGLangFields(t *testing.T) {
+	tests := []struct {
+		name  string
+		event any
+	}{
+		{"pairs that do not chain", []any{"BlockStored", []int64{1, 2}, nil, [][]int{{1, 2}, {3, 4}}, 1}},
+		{"a pair of three", []any{"BlockStored", []int64{1}, nil, [][]int{{1, 2, 3}}, 1}},
+		{"a pair with a negative token", []any{"BlockStored", []int64{1}, nil, [][]int{{1, -2}}, 1}},
+		{"pairs mixed with tokens", []any{"BlockStored", []int64{1, 2}, nil, []any{[]int{1, 2}, 2}, 1}},
+		{"a cache_salt that is no string", []any{"BlockStored", []int64{1}, nil, []int{1}, 1, nil, "GPU", map[string]any{"cache_salt": 5}}},
+		{"a metadata map with a non-string key", []any{"BlockStored", []int64{1}, nil, []int{1}, 1, nil, "GPU", map[int]any{1: "x"}}},
+	}
+	d := NewDecoder()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			payload, err := msgpack.Marshal([]any{1.5, []any{tc.event}})
+			require.NoError(t, err)
+			require.ErrorIs(t, d.Decode(payload, &Batch{}), ErrMalformed)
+		})
+	}
 }

@@ -1,4 +1,5 @@
-// Package events turns vLLM's KV-cache events into index updates, losing
+// Package events turns vLLM's KV-cache events (and SGLang's and
+// TensorRT-LLM's, which share their wire form) into index updates, losing
 // nothing it could have known and saying loudly when it cannot trust its
 // state. It is pure Go and knows no transport: package events/zmq receives
 // vLLM's ZMQ stream and drives it, and any other transport (NATS JetStream,
@@ -178,6 +179,30 @@
 //     it by configuring the connector's block_size equal to the GPU's.
 //   - Newer connectors send block size 0 (no tokens, no parent): such
 //     events do not say their chunk size and are taken as k = 1.
+//
+// # Other engines
+//
+// SGLang's and TensorRT-LLM's publishers send vLLM's wire form with their
+// own habits, which Decoder and the Processor read whatever engine a pod
+// runs: block hashes and parents as signed int64 (a negative one is its
+// two's-complement bit pattern, as Dynamo's decoder reads it); SGLang's
+// BlockStoredWithMetadata (Event.CacheSalt), its EAGLE token pairs
+// (Event.Bigram) and its host tier CPU_PINNED as the CPU tier;
+// TensorRT-LLM's v2_sha256 hashes as hex strings (keyed by their first 8
+// bytes, the same key as its v2_sha256_64); sequence numbers that start
+// far from 0 (TensorRT-LLM's time.time_ns()), which is where a holder
+// joins; and empty heartbeat batches, which are liveness even when they
+// repeat the last number (Stats.Heartbeats). What the payloads do not show
+// is the pod's Engine (Message.Engine, zmq.PodConfig.Engine): an
+// EngineTRTLLM pod's jump forward by TRTRestartJump or more is a restart,
+// since its numbers restart at the new process's time_ns. Their keys are
+// reproducible (package hashing's EngineAlgos; Engine.Hashing gives each
+// engine's defaults), and a hash mismatch's diagnosis names the engine
+// whose keys a stream carries. In content-key mode an EAGLE page is keyed
+// by its positions' own tokens, so a prompt that ends exactly at a page
+// may score one page more than SGLang reuses; TensorRT-LLM's events do
+// not carry the cache salt its keys mix in, so salted block-0 events fail
+// the agreement check.
 //
 // # Trust: engine keys or content keys
 //

@@ -234,6 +234,8 @@ type Message struct {
 	// Config.MaxHolders the senders over their share lose holders first.
 	// "": unknown, neither bounded nor counted in the shares.
 	Sender string
+	// Engine is the engine the pod runs; the zero value is vLLM.
+	Engine Engine
 }
 
 // Replayer fetches a holder's buffered batches, as vLLM's ROUTER replay
@@ -733,6 +735,10 @@ type Stats struct {
 	ConflictDropped uint64 // messages of holders in conflict, dropped
 	Disconnects     uint64 // pod connections that went down
 	SnapshotExpired uint64 // InitialSeqs holders never heard from, removed
+	// Heartbeats counts empty batches that repeat the last applied
+	// sequence number (TensorRT-LLM sends an empty batch every 5 s): the
+	// pod is alive, nothing changed.
+	Heartbeats uint64
 }
 
 // HolderStatus is the state of one holder's event stream.

@@ -21,6 +21,7 @@ type holder struct {
 	replay Replayer
 	model  string
 	sender string // Message.Sender of its first message
+	engine Engine
 
 	started bool
 	next    uint64 // sequence number expected next
@@ -134,6 +135,8 @@ type worker struct {
 	batch, rbatch Batch
 	keys, keys2   []uint64
 	extra         [][]hashing.ExtraKey
+	pairTokens    []uint32 // checkTokens' buffer
+	indexRun      run      // apply's pending index call
 
 	// congested is Handle's: an enqueue to this worker timed out and none
 	// has succeeded since.
@@ -465,7 +468,7 @@ func (w *worker) holder(m *message, rank int) *holder {
 		ps.holders.Add(1)
 		h.ps.Store(ps)
 	}
-	h.replay = m.Replay
+	h.replay, h.engine = m.Replay, m.Engine
 	h.heardAt.Store(time.Now().UnixNano())
 	if h.model != m.Model {
 		h.model = m.Model
@@ -519,7 +522,7 @@ func (w *worker) replays(h *holder, seq uint64) bool {
 	switch {
 	case !h.started:
 		return seq != 0
-	case seq == h.next:
+	case seq == h.next, w.heartbeat(h, seq):
 		return false
 	case seq > h.next:
 		return true
@@ -537,6 +540,13 @@ func (w *worker) step(h *holder, seq uint64, payload []byte) {
 		h.started = true
 		w.catchUp(h, seq)
 	case seq == h.next:
+	case w.heartbeat(h, seq):
+		w.p.c[cHeartbeats].Add(1)
+		return
+	case h.engine == EngineTRTLLM && seq > h.next && seq-h.next >= TRTRestartJump:
+		// TensorRT-LLM's numbers start at its process's time_ns.
+		w.restart(h, seq)
+		w.catchUp(h, seq)
 	case seq > h.next:
 		w.p.c[cGaps].Add(1)
 		h.c[cGaps].Add(1)
@@ -565,6 +575,13 @@ func (w *worker) step(h *holder, seq uint64, payload []byte) {
 		return
 	}
 	w.apply(h, &w.batch, seq, payload)
+}
+
+// heartbeat reports whether batch seq of h, in w.batch, is an empty batch
+// repeating the last applied number: a heartbeat of the same process,
+// which must not read as a restart.
+func (w *worker) heartbeat(h *holder, seq uint64) bool {
+	return len(w.batch.Events) == 0 && h.hasSeq.Load() && seq+1 == h.next
 }
 
 // catchUp fetches, when the pod has a replay endpoint, the batches before
@@ -833,6 +850,55 @@ func (w *worker) replayFailed(h *holder, err error) {
 	w.p.limited.logf(slog.LevelWarn, "events: replay failed", h.id.Pod, "rank", h.id.Rank, "err", err)
 }
 
+// run is a run of consecutive events that apply as one index call.
+// SGLang publishes every page as an event of its own, a one-token page at
+// its default page size: a Store or Remove per page would cost the index
+// its per-call work (the holder's lock, the model's lookup) for every
+// block, about half of the ingest rate at page size 1.
+type run struct {
+	kind   EventType // EventBlockStored or EventBlockRemoved; EventUnknown: none
+	tier   string
+	group  int
+	parent index.Parent
+	keys   []uint64
+}
+
+// extends reports whether an event of kind in tier and group whose first
+// block's parent is parent (ok: it has one) continues the run.
+func (r *run) extends(kind EventType, tier string, group int, parent uint64, ok bool) bool {
+	if r.kind != kind || r.tier != tier || r.group != group {
+		return false
+	}
+	return kind == EventBlockRemoved || (ok && len(r.keys) > 0 && r.keys[len(r.keys)-1] == parent)
+}
+
+// flush applies the pending run of h, if any.
+func (w *worker) flush(h *holder) {
+	r := &w.indexRun
+	switch r.kind {
+	case EventBlockStored:
+		w.p.cfg.Sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: r.tier, Group: r.group, Parent: r.parent, Keys: r.keys})
+	case EventBlockRemoved:
+		w.p.cfg.Sink.Remove(h.model, h.id, r.tier, r.group, r.keys)
+	}
+	r.kind, r.keys = EventUnknown, r.keys[:0]
+}
+
+// pend adds keys to the pending run, starting a new one (after applying
+// the pending one) unless they continue it.
+func (w *worker) pend(h *holder, kind EventType, tier string, group int, parent Opt[uint64], keys []uint64) {
+	p, ok := parent.Get()
+	r := &w.indexRun
+	if !r.extends(kind, tier, group, p, ok) {
+		w.flush(h)
+		r.kind, r.tier, r.group, r.parent = kind, tier, group, index.Parent{}
+		if ok {
+			r.parent = index.ParentKey(p)
+		}
+	}
+	r.keys = append(r.keys, keys...)
+}
+
 // apply applies one batch of h with sequence number seq to the sink.
 // payload is the batch as received, for Config.Tap.
 func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
@@ -857,6 +923,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 				w.checkAgreement(h, e, seq)
 			}
 			if h.content != nil {
+				w.flush(h)
 				w.storeContent(h, e, seq)
 				continue
 			}
@@ -866,15 +933,12 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 				// A hybrid group skipped blocks: which ones is unknown, so
 				// neither the parent nor any two keys are known to be
 				// consecutive, and the index must not chain them.
+				w.flush(h)
 				for j := range e.BlockHashes {
 					sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Keys: e.BlockHashes[j : j+1]})
 				}
 			default:
-				var parent index.Parent
-				if p, ok := e.Parent.Get(); ok {
-					parent = index.ParentKey(p)
-				}
-				sink.Store(index.Blocks{Model: h.model, Holder: h.id, Tier: e.Medium, Group: e.GroupIdx.Or(0), Parent: parent, Keys: e.BlockHashes})
+				w.pend(h, EventBlockStored, e.Medium, e.GroupIdx.Or(0), e.Parent, e.BlockHashes)
 			}
 		case EventBlockRemoved:
 			blocks += uint64(len(e.BlockHashes))
@@ -883,9 +947,10 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 				keys = w.resolve(h, keys)
 			}
 			if len(keys) > 0 {
-				sink.Remove(h.model, h.id, e.Medium, e.GroupIdx.Or(0), keys)
+				w.pend(h, EventBlockRemoved, e.Medium, e.GroupIdx.Or(0), Opt[uint64]{}, keys)
 			}
 		case EventAllBlocksCleared:
+			w.flush(h)
 			// vLLM's prefix-cache reset; every tier is cleared, so that no
 			// pull is ever sent for a block the reset dropped.
 			sink.ClearHolder(h.model, h.id, "")
@@ -895,6 +960,7 @@ func (w *worker) apply(h *holder, b *Batch, seq uint64, payload []byte) {
 			continue
 		}
 	}
+	w.flush(h)
 	w.p.c[cEvents].Add(uint64(len(b.Events)))
 	w.p.c[cBlocks].Add(blocks)
 	w.p.c[cBatches].Add(1)
@@ -917,7 +983,9 @@ func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 	req := hashing.Request{Tokens: tokens}
 	extra, ok := e.ExtraKeys.Get()
 	if !ok {
-		req.LoRAName = e.LoRAName
+		// SGLang's BlockStoredWithMetadata names the salt; vLLM's salt is
+		// in its extra keys.
+		req.LoRAName, req.CacheSalt = e.LoRAName, e.CacheSalt
 		return req, nil
 	}
 	if e.BlockSize > 0 {
@@ -949,6 +1017,22 @@ func (w *worker) request(e *Event, tokens []uint32) (hashing.Request, error) {
 	return req, nil
 }
 
+// checkTokens returns the tokens of e's first n blocks for rehashing; with
+// eagle, for an event of EAGLE pairs, the token after them too, which
+// SGLang's bigram keys hash.
+func (w *worker) checkTokens(e *Event, n int, eagle bool) []uint32 {
+	t := e.TokenIDs[:n*e.BlockSize]
+	if !e.Bigram || !eagle {
+		return t
+	}
+	next := e.BigramNext
+	if len(e.TokenIDs) > len(t) {
+		next = e.TokenIDs[len(t)]
+	}
+	w.pairTokens = append(append(w.pairTokens[:0], t...), next)
+	return w.pairTokens
+}
+
 // checkBlocks is how many leading blocks the hash agreement check rehashes.
 const checkBlocks = 2
 
@@ -971,7 +1055,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 		// Algorithm, seed and key form all show in block 0 and the chaining
 		// in block 1, so two blocks keep the check cheap on every event.
 		n = min(n, checkBlocks)
-		req, err := w.request(e, e.TokenIDs[:n*e.BlockSize])
+		req, err := w.request(e, w.checkTokens(e, n, cfg.Algo == hashing.SGLangEAGLE))
 		if err == nil {
 			if req.Extra != nil {
 				req.Extra = req.Extra[:n]
@@ -1013,7 +1097,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	// interval bounds how often.
 	diag := cause
 	n = min(len(e.BlockHashes), checkBlocks)
-	if req, err := w.request(e, e.TokenIDs[:n*e.BlockSize]); err == nil {
+	if req, err := w.request(e, w.checkTokens(e, n, true)); err == nil {
 		if req.Extra != nil {
 			req.Extra = req.Extra[:n]
 		}

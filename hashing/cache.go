@@ -236,7 +236,10 @@ func (c *Cache) blockKeys(done <-chan struct{}, h *Hasher, dst []uint64, req Req
 	if err != nil || n == 0 {
 		return dst, err
 	}
-	if !cacheable(&d, req.Extra) {
+	if err := h.checkEngineRequest(&req); err != nil {
+		return dst, err
+	}
+	if !cacheable(&d, req.Extra) || h.enc == encSGLangEAGLE {
 		out := sink{keys: dst, done: done}
 		h.walk(&chain{parent: h.root}, req.Tokens, &d, req.Extra, &out)
 		if out.stopped {

@@ -25,9 +25,12 @@ var diagnoseSeeds = []string{DefaultSeed, "", "0"}
 
 // Diagnose looks for the configuration an engine hashes with, given the
 // engine's event-form keys of the leading full blocks of req (a chain that
-// starts at block 0) and the engine's block size. It tries every algorithm
-// with the router's seed and a few common ones, so it costs a few dozen
+// starts at block 0) and the engine's block size. It tries every vLLM
+// algorithm with the router's seed and a few common ones, then the other
+// engines' (EngineAlgos: SGLang's, TensorRT-LLM's), so it costs a few dozen
 // hashes per block: call it when reporting a mismatch, not on every event.
+// For SGLang's EAGLE keys req.Tokens must hold the token after the last
+// block too.
 func Diagnose(router Config, engineBlockSize int, req Request, keys []uint64) Diagnosis {
 	d := Diagnosis{Router: router}
 	if h, err := New(router); err == nil {
@@ -38,25 +41,57 @@ func Diagnose(router Config, engineBlockSize int, req Request, keys []uint64) Di
 	}
 	// Only the blocks the engine's keys cover are compared, and each
 	// configuration is tried once.
-	req.Tokens = req.Tokens[:min(len(req.Tokens), len(keys)*engineBlockSize)]
+	tokens := req.Tokens
+	req.Tokens = tokens[:min(len(tokens), len(keys)*engineBlockSize)]
 	seeds := slices.Compact(slices.Sorted(slices.Values(append([]string{d.Router.Seed}, diagnoseSeeds...))))
 	algos := slices.Compact(slices.Sorted(slices.Values(append([]Algo{d.Router.Algo}, Algos...))))
 	var got []uint64
+	try := func(cfg Config) bool {
+		h, err := New(cfg)
+		if err != nil {
+			return false
+		}
+		got, err = h.BlockKeys(got[:0], req)
+		if err == nil && len(got) >= len(keys) && slices.Equal(got[:len(keys)], keys) {
+			d.Found, d.Reproduced = h.Config(), true
+			return true
+		}
+		return false
+	}
 	for _, seed := range seeds {
 		for _, algo := range algos {
-			cfg := Config{Algo: algo, Seed: seed, SeedSet: true, BlockSize: engineBlockSize}
-			h, err := New(cfg)
-			if err != nil {
+			if IsEngineAlgo(algo) {
 				continue
 			}
-			got, err = h.BlockKeys(got[:0], req)
-			if err == nil && len(got) >= len(keys) && slices.Equal(got[:len(keys)], keys) {
-				d.Found, d.Reproduced = h.Config(), true
+			if try(Config{Algo: algo, Seed: seed, SeedSet: true, BlockSize: engineBlockSize}) {
 				return d
 			}
 		}
 	}
+	for _, algo := range EngineAlgos {
+		if algo == SGLangEAGLE {
+			// Its blocks reach one token further.
+			req.Tokens = tokens[:min(len(tokens), len(keys)*engineBlockSize+1)]
+		}
+		if try(Config{Algo: algo, BlockSize: engineBlockSize}) {
+			return d
+		}
+	}
 	return d
+}
+
+// Engine names the engine whose keys an algorithm reproduces: "vLLM",
+// "SGLang", "TensorRT-LLM", or "kvsource" for Content.
+func (a Algo) Engine() string {
+	switch a {
+	case SGLang, SGLangEAGLE:
+		return "SGLang"
+	case TRTV1, TRTV2SHA256_64, TRTV2SHA256:
+		return "TensorRT-LLM"
+	case Content:
+		return "kvsource"
+	}
+	return "vLLM"
 }
 
 // DefaultSeedChange is the diagnosis of keys no configuration reproduces
@@ -69,8 +104,12 @@ const DefaultSeedChange = "engines older than vLLM's August-2026 default-seed ch
 // "--keys content"), the remedy for engines whose keys no router can
 // reproduce.
 func (d Diagnosis) Explain(contentKeys string) string {
+	if d.Reproduced && d.Found.Algo.Engine() != d.Router.Algo.Engine() {
+		return fmt.Sprintf("the engine's keys are %s's %s keys (block size %d), not %s's: set --algo %s and --block-size %d, or use %s",
+			d.Found.Algo.Engine(), d.Found.Algo, d.Found.BlockSize, d.Router.Algo.Engine(), d.Found.Algo, d.Found.BlockSize, contentKeys)
+	}
 	if !d.Reproduced {
-		return "no vLLM algorithm reproduces the engine's keys from the router's seed or a common one (" +
+		return "no vLLM, SGLang or TensorRT-LLM algorithm reproduces the engine's keys from the router's seed or a common one (" +
 			strings.Join(quoteSeeds(), ", ") + "). Likely causes: " + DefaultSeedChange +
 			"; or the engine's keys are not vLLM's (llm-d's simulator hashes with its own scheme): " +
 			"use " + contentKeys + ", which keys blocks by the tokens the events carry"

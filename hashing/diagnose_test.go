@@ -61,3 +61,39 @@ func TestDiagnoseWithoutKeysOrBlockSizeReproducesNothing(t *testing.T) {
 	require.False(t, d.Reproduced)
 	require.Contains(t, d.Explain("--keys content"), "--keys content")
 }
+
+func TestDiagnoseNamesTheEngineWhoseKeysTheStreamCarries(t *testing.T) {
+	tokens := make([]uint32, 129)
+	for i := range tokens {
+		tokens[i] = uint32(1000 + 7*i)
+	}
+	tests := []struct {
+		engine   Config
+		router   Config
+		contains []string
+	}{
+		{Config{Algo: SGLang, BlockSize: 1}, Config{}, []string{"SGLang's sglang keys (block size 1), not vLLM's", "--algo sglang", "--block-size 1", "--keys content"}},
+		{Config{Algo: SGLang, BlockSize: 16}, Config{}, []string{"SGLang's sglang keys", "--algo sglang "}},
+		{Config{Algo: SGLangEAGLE, BlockSize: 16}, Config{}, []string{"SGLang's sglang_eagle keys", "--algo sglang_eagle"}},
+		{Config{Algo: TRTV1, BlockSize: 32}, Config{}, []string{"TensorRT-LLM's trtllm_v1_block_key keys (block size 32)", "--algo trtllm_v1_block_key"}},
+		{Config{Algo: TRTV2SHA256_64, BlockSize: 16}, Config{}, []string{"TensorRT-LLM's trtllm_v2_sha256_64 keys"}},
+		{Config{Algo: SGLang, BlockSize: 16}, Config{Algo: SGLang, BlockSize: 1}, []string{"block size: the engine uses 16, the router 1"}},
+		{Config{}, Config{Algo: SGLang, BlockSize: 16}, []string{"vLLM's sha256 keys (block size 16), not SGLang's"}},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.engine.Algo)+"/"+string(tt.router.Algo), func(t *testing.T) {
+			eh, err := New(tt.engine)
+			require.NoError(t, err)
+			bs := eh.Config().BlockSize
+			keys, err := eh.BlockKeys(nil, Request{Tokens: tokens})
+			require.NoError(t, err)
+			d := Diagnose(tt.router, bs, Request{Tokens: tokens[:2*bs+1]}, keys[:2])
+			require.True(t, d.Reproduced)
+			require.Equal(t, eh.Config(), d.Found)
+			msg := d.Explain("--keys content")
+			for _, c := range tt.contains {
+				require.Contains(t, msg, c)
+			}
+		})
+	}
+}

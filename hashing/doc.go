@@ -27,6 +27,15 @@
 //     of SHA-256 of canonical CBOR, chained as integers.
 //   - Content: kvsource's own keys, described below.
 //
+// Other engines' keys (EngineAlgos, see engines.go) let a router index
+// those engines by their own block keys: SGLang and SGLangEAGLE (its
+// radix cache's SHA-256 page chain, EAGLE's token bigrams), TRTV1,
+// TRTV2SHA256_64 and TRTV2SHA256 (TensorRT-LLM's v1_block_key and its KV
+// cache manager V2's SHA-256 block keys). They have no seed and refuse
+// what their engine does not hash as vLLM does (LoRA names, multimodal
+// items, explicit extra keys: ErrUnsupported). Their key forms are the
+// engines' own: the first 8 digest bytes for the SHA-256 ones.
+//
 // KV events carry a block's hash as a uint64, its event form: the last 8
 // bytes of the digest read big-endian (Digest.Key). BlockKeys returns the
 // event forms, which is what the index stores; Blocks adds full digests and

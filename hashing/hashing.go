@@ -126,7 +126,10 @@ const sha256Size = sha256.Size
 // Content. Digests compare with ==; the zero Digest is empty.
 type Digest struct {
 	n uint8
-	b [sha256Size]byte
+	// first marks the digests of engine algorithms whose key is the first
+	// 8 bytes (SGLang's, TensorRT-LLM's v2), not vLLM's last 8.
+	first bool
+	b     [sha256Size]byte
 }
 
 // DigestOf returns b as a Digest. It fails when b is empty or longer than 32
@@ -168,8 +171,12 @@ func (d Digest) AppendTo(dst []byte) []byte { return append(dst, d.b[:d.n]...) }
 func (d Digest) String() string { return hex.EncodeToString(d.b[:d.n]) }
 
 // Key returns the event form of the digest: its last 8 bytes read big-endian,
-// what vLLM puts in KV events.
+// what vLLM puts in KV events (the first 8 for SGLang's and TensorRT-LLM's
+// v2 SHA-256 digests, what those engines send).
 func (d Digest) Key() uint64 {
+	if d.first {
+		return binary.BigEndian.Uint64(d.b[:8])
+	}
 	if d.n >= 8 {
 		return binary.BigEndian.Uint64(d.b[d.n-8 : d.n])
 	}
@@ -210,6 +217,10 @@ const (
 	encPickle encoding = iota
 	encCBOR
 	encContent
+	encSGLang      // previous digest, tokens as uint32 LE
+	encSGLangEAGLE // previous digest, each position's bigram
+	encTRTV1       // TensorRT-LLM's v1 mix, chained on the key
+	encTRTV2       // previous digest, tokens as uint32 LE, from a scope root
 )
 
 // hashFunc is how the bytes become a digest.
@@ -220,6 +231,8 @@ const (
 	fnSHA256Low64          // the low 64 bits, as the 8-byte digest
 	fnXXH3                 // XXH3-128
 	fnXXH64
+	fnSHA256First // SHA-256, keyed by its first 8 bytes
+	fnNone        // the encoding computed the key itself (TRTV1)
 )
 
 // scratch is the per-call working memory, pooled so that hashing allocates
@@ -278,8 +291,24 @@ func (h *Hasher) setup(cfg Config) error {
 		h.enc, h.fn = encCBOR, fnSHA256Low64
 	case Content:
 		h.enc, h.fn = encContent, fnXXH64
+	case SGLang:
+		h.enc, h.fn = encSGLang, fnSHA256First
+	case SGLangEAGLE:
+		h.enc, h.fn = encSGLangEAGLE, fnSHA256First
+	case TRTV1:
+		h.enc, h.fn = encTRTV1, fnNone
+	case TRTV2SHA256_64, TRTV2SHA256:
+		h.enc, h.fn = encTRTV2, fnSHA256First
 	default:
 		return fmt.Errorf("%w: %q", ErrUnknownAlgo, cfg.Algo)
+	}
+	if IsEngineAlgo(cfg.Algo) {
+		// No seed: these engines hash nothing but the blocks.
+		cfg.Seed, cfg.SeedSet = "", false
+		h.cfg = cfg
+		h.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
+		h.root = h.hashSeed()
+		return nil
 	}
 	if cfg.Seed == "" && !cfg.SeedSet {
 		if cfg.Algo == XXHash || cfg.Algo == XXHashCBOR {
@@ -311,6 +340,14 @@ func (h *Hasher) hashSeed() Digest {
 		buf = appendCBORString(buf, h.cfg.Seed)
 	case encContent:
 		return digest64(xxhash.Sum64String(h.cfg.Seed))
+	case encSGLang, encSGLangEAGLE:
+		// The first page hashes no parent; the all-zero digest stands for
+		// none.
+		return Digest{n: sha256Size, first: true}
+	case encTRTV1:
+		return digest64(0)
+	case encTRTV2:
+		return trtV2Root("")
 	}
 	var d Digest
 	h.sum(&d, buf)
@@ -337,6 +374,10 @@ func (h *Hasher) sum(d *Digest, buf []byte) uint64 {
 		binary.BigEndian.PutUint64(d.b[0:], v.Hi)
 		binary.BigEndian.PutUint64(d.b[8:], v.Lo)
 		return v.Lo
+	case fnSHA256First:
+		s := sha256.Sum256(buf)
+		d.n, d.first, d.b = sha256Size, true, s
+		return binary.BigEndian.Uint64(s[:8])
 	default:
 		k := xxhash.Sum64(buf)
 		d.n = 8
@@ -360,6 +401,9 @@ func (h *Hasher) BlockKeys(dst []uint64, req Request) ([]uint64, error) {
 func (h *Hasher) BlockKeysContext(ctx context.Context, dst []uint64, req Request) ([]uint64, error) {
 	h.ready()
 	dst = dst[:0]
+	if err := h.checkEngineRequest(&req); err != nil {
+		return dst, err
+	}
 	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, false)
 	if err != nil {
 		return dst, err
@@ -383,7 +427,7 @@ func (h *Hasher) Blocks(dst []Block, req Request) ([]Block, error) {
 
 // BlockKeysFrom is BlockKeys for the blocks that follow a block known only by
 // its event-form key parent, as a KV event's parent_block_hash gives it.
-// Only Content and SHA256CBOR64 chain on a value the key determines; other
+// Only Content, SHA256CBOR64 and TRTV1 chain on a value the key determines; other
 // algorithms return ErrNeedDigest (continue those with BlocksFrom or a
 // Prefix). req.Tokens start at the first block after parent; MM offsets are
 // relative to that start, negative for an item that began before it; and
@@ -391,8 +435,11 @@ func (h *Hasher) Blocks(dst []Block, req Request) ([]Block, error) {
 func (h *Hasher) BlockKeysFrom(dst []uint64, parent uint64, req Request) ([]uint64, error) {
 	h.ready()
 	dst = dst[:0]
-	if h.cfg.Algo != Content && h.cfg.Algo != SHA256CBOR64 {
+	if h.cfg.Algo != Content && h.cfg.Algo != SHA256CBOR64 && h.cfg.Algo != TRTV1 {
 		return dst, fmt.Errorf("%w: %s", ErrNeedDigest, h.cfg.Algo)
+	}
+	if err := h.checkEngineRequest(&req); err != nil {
+		return dst, err
 	}
 	req.CacheSalt = ""
 	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, true)
@@ -418,6 +465,9 @@ func (h *Hasher) BlocksFrom(dst []Block, parent Digest, req Request) ([]Block, e
 
 func (h *Hasher) blocks(dst []Block, c chain, req Request, continuation bool) ([]Block, error) {
 	dst = dst[:0]
+	if err := h.checkEngineRequest(&req); err != nil {
+		return dst, err
+	}
 	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, continuation)
 	if err != nil {
 		return dst, err
@@ -470,7 +520,8 @@ func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey,
 	if plain {
 		every = ctxCheckBlocks
 	}
-	for i := range len(tokens) / bs {
+	span := h.blockSpan()
+	for i := range h.fullBlocks(len(tokens)) {
 		if out.done != nil && i%every == 0 {
 			select {
 			case <-out.done:
@@ -484,7 +535,7 @@ func (h *Hasher) walk(c *chain, tokens []uint32, d *derived, extra [][]ExtraKey,
 		if !plain {
 			s.mm = d.blockExtra(ex, s.mm, &c.cur, extra, i, start, bs)
 		}
-		key := h.hashBlock(s, &c.parent, tokens[i*bs:i*bs+bs], ex)
+		key := h.hashBlock(s, &c.parent, tokens[i*bs:i*bs+span], ex)
 		c.pos += bs
 		if out.wantBlocks {
 			out.blocks = append(out.blocks, Block{Key: key, Digest: c.parent, Extra: ex.materialise()})
@@ -653,6 +704,25 @@ func (h *Hasher) hashBlock(s *scratch, parent *Digest, tokens []uint32, ex *extr
 		s.buf = appendCBORBlock(s.buf[:0], parent, h.fn == fnSHA256Low64, tokens, ex)
 	case encContent:
 		s.buf = appendContentBlock(s.buf[:0], parent.Key(), tokens, ex)
+	case encSGLang, encSGLangEAGLE:
+		s.buf = s.buf[:0]
+		if *parent != h.root {
+			s.buf = append(s.buf, parent.b[:]...)
+		}
+		if h.enc == encSGLang {
+			s.buf = appendLE32(s.buf, tokens)
+		} else {
+			s.buf = appendBigrams(s.buf, tokens)
+		}
+	case encTRTV1:
+		k := trtV1Key(tokens, parent.Key(), ex.salt)
+		*parent = digest64(k)
+		return k
+	case encTRTV2:
+		if ex.salt != "" && *parent == h.root {
+			*parent = trtV2Root(ex.salt)
+		}
+		s.buf = appendLE32(append(s.buf[:0], parent.b[:]...), tokens)
 	}
 	return h.sum(parent, s.buf)
 }

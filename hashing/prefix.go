@@ -33,6 +33,12 @@ type Prefix struct {
 // keys added with AddExtra before Append can hash them.
 func (h *Hasher) NewPrefix(req Request) (*Prefix, error) {
 	h.ready()
+	if h.enc == encSGLangEAGLE {
+		return nil, fmt.Errorf("%w: a Prefix of %s, whose blocks need the token after them", ErrUnsupported, h.cfg.Algo)
+	}
+	if err := h.checkEngineRequest(&req); err != nil {
+		return nil, err
+	}
 	d, err := prepare(&req, len(req.Tokens)/h.cfg.BlockSize, false)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
@@ -46,6 +48,44 @@ func ingestPayloads(pod int, cycle int) [][]byte {
 	return out
 }
 
+// sglangIngestPayloads is ingestPayloads as SGLang publishes it at its
+// default page size 1: the same 512 blocks a batch, each its own
+// BlockStored (one signed hash, its parent, one token) and each removal
+// its own BlockRemoved, in SGLang's positional arrays.
+func sglangIngestPayloads(pod int, cycle int) [][]byte {
+	const chains, pages = 32, 16
+	rng := rand.New(rand.NewPCG(uint64(pod), 9))
+	keys := make([][]int64, cycle)
+	for i := range keys {
+		for range chains * pages {
+			keys[i] = append(keys[i], int64(rng.Uint64()))
+		}
+	}
+	out := make([][]byte, cycle)
+	for i := range out {
+		var evs []any
+		for c := range chains {
+			for pg := range pages {
+				k := c*pages + pg
+				var parent any
+				if pg > 0 {
+					parent = keys[i][k-1]
+				}
+				evs = append(evs, []any{"BlockStored", []int64{keys[i][k]}, parent, []uint32{uint32(rng.IntN(150000))}, 1, nil, "GPU"})
+			}
+		}
+		for _, k := range keys[(i+cycle/2)%cycle] {
+			evs = append(evs, []any{"BlockRemoved", []int64{k}, "GPU"})
+		}
+		b, err := msgpack.Marshal([]any{1.0, evs, 0})
+		if err != nil {
+			panic(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
 // BenchmarkIngest publishes batches over loopback ZMQ with the Go publisher
 // into a live index through the subscriber, and reports stored blocks per
 // second. Each publisher keeps at most a window of batches in flight, so
@@ -58,7 +98,8 @@ func BenchmarkIngest(b *testing.B) {
 	tests := []struct {
 		pods   int
 		hasher *hashing.Hasher
-	}{{1, nil}, {4, nil}, {4, sha}}
+		sglang bool // SGLang's page-size-1 shape instead of vLLM's
+	}{{1, nil, false}, {4, nil, false}, {4, sha, false}, {1, nil, true}, {4, nil, true}}
 	for _, tc := range tests {
 		pods := tc.pods
 		name := fmt.Sprintf("pods=%d", pods)
@@ -66,6 +107,11 @@ func BenchmarkIngest(b *testing.B) {
 			// Every event of these batches starts at block 0, so every one
 			// is checked (and disagrees: the keys are random).
 			name += "/hashcheck"
+		}
+		shape := ingestPayloads
+		if tc.sglang {
+			name += "/sglang-page1"
+			shape = sglangIngestPayloads
 		}
 		b.Run(name, func(b *testing.B) {
 			sink := newIngestSink()
@@ -75,7 +121,7 @@ func BenchmarkIngest(b *testing.B) {
 			payloads := make([][][]byte, pods)
 			for i := range pubs {
 				pubs[i] = newPublisher(b, PublisherConfig{Connect: localEP(port), Topic: fmt.Sprintf("kv@pod-%d@m", i)})
-				payloads[i] = ingestPayloads(i, 64)
+				payloads[i] = shape(i, 64)
 				warmUp(b, pubs[i], s, 0)
 			}
 			holders := make([]index.Holder, pods)

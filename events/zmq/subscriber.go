@@ -33,6 +33,9 @@ type SubscriberConfig struct {
 	// Events configures the state machine applying the events; see
 	// events.Config for its defaults.
 	Events events.Config
+	// Engine is the engine of the pods a bind socket hears from that no
+	// PodConfig names (events.Engine); the zero value is vLLM.
+	Engine events.Engine
 	// Bind lists endpoints one SUB socket binds, for engines configured to
 	// connect to the router ("tcp://*:5557"; port 0 picks a free port,
 	// which Addrs reports). Empty: no bind socket.
@@ -121,6 +124,9 @@ type source struct {
 	perRank bool
 	// model, when set, overrides the topic's (PodConfig.Model).
 	model string
+	// engine is the pod's engine (PodConfig.Engine or, for pods not
+	// configured, SubscriberConfig.Engine).
+	engine events.Engine
 }
 
 // NewSubscriber checks cfg and returns a Subscriber; Run starts it.
@@ -216,6 +222,9 @@ type PodConfig struct {
 	// (kv@POD@MODEL) needs it, or its messages are dropped
 	// (events.Stats.NoModel).
 	Model string
+	// Engine is the engine the pod runs (events.Engine); the zero value
+	// is vLLM.
+	Engine events.Engine
 }
 
 // AddPodConfig is AddPod with the pod's model.
@@ -233,7 +242,7 @@ func (s *Subscriber) AddPodConfig(p PodConfig) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	src := &source{pod: p.Pod, replay: p.Replay, timeout: s.cfg.ReplayTimeout, model: p.Model}
+	src := &source{pod: p.Pod, replay: p.Replay, timeout: s.cfg.ReplayTimeout, model: p.Model, engine: p.Engine}
 	if p.Endpoint == "" {
 		src.perRank = true
 		s.sources[p.Pod] = src
@@ -565,7 +574,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 				continue
 			}
 			if src == nil {
-				src = &source{pod: pod}
+				src = &source{pod: pod, engine: r.s.cfg.Engine}
 				// Bounded like the holders: names a peer makes up must not
 				// grow the map without end, nor pods gone fill it for good.
 				// The processor tracks at most 3 x MaxHolders pods, so a
@@ -585,7 +594,7 @@ func (r *receiver) drain(ctx context.Context, sock *zmq4.Socket) bool {
 			r.s.proc.NoModel(src.pod, topic, m.Seq)
 			continue
 		}
-		m.Pod, m.Model = src.pod, model
+		m.Pod, m.Model, m.Engine = src.pod, model, src.engine
 		if src.replay != "" {
 			m.Replay = src
 		}

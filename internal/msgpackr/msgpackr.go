@@ -384,6 +384,19 @@ func (r *Reader) Int() (int64, error) {
 	return int64(v), nil
 }
 
+// Word reads an integer in any encoding as its 64-bit two's-complement
+// pattern: a negative one as uint64(int64(v)), a non-negative one as
+// itself. Engines that publish hashes as signed int64 (SGLang,
+// TensorRT-LLM) send half of them negative; read this way they are the
+// same 64 bits an unsigned producer would send.
+func (r *Reader) Word() (uint64, error) {
+	if r.i < len(r.b) && r.b[r.i] == Uint64 {
+		return r.Uint()
+	}
+	v, err := r.Int()
+	return uint64(v), err
+}
+
 // Float reads a float32, a float64 or an integer as a float64.
 func (r *Reader) Float() (float64, error) {
 	if r.i >= len(r.b) {
@@ -472,6 +485,28 @@ func (r *Reader) Uint64s(dst []uint64) (int, error) {
 			continue
 		}
 		v, err := r.Uint()
+		if err != nil {
+			return j, err
+		}
+		dst[j] = v
+	}
+	return len(dst), nil
+}
+
+// Words is Uint64s for integers of either sign, each read as Word reads
+// it: the block hashes of signed producers, half of them negative, in one
+// pass without an error per value. int64 and uint64 encodings are decoded
+// inline.
+func (r *Reader) Words(dst []uint64) (int, error) {
+	for j := range dst {
+		if r.i+9 <= len(r.b) {
+			if c := r.b[r.i]; c == Uint64 || c == Int64 {
+				dst[j] = binary.BigEndian.Uint64(r.b[r.i+1:])
+				r.i += 9
+				continue
+			}
+		}
+		v, err := r.Word()
 		if err != nil {
 			return j, err
 		}

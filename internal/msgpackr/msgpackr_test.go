@@ -316,3 +316,111 @@ func TestReaderStringsAliasTheInput(t *testing.T) {
 	require.Equal(t, "Hi", string(s))
 	require.Equal(t, 2, cap(s), "an aliased string cannot be appended into the input")
 }
+
+func TestWordReadsEveryIntegerAsItsBitPattern(t *testing.T) {
+	tests := []struct {
+		name string
+		in   []byte
+		want uint64
+	}{
+		{"positive fixint", []byte{0x05}, 5},
+		{"negative fixint", []byte{0xff}, 1<<64 - 1},
+		{"int8", []byte{0xd0, 0x80}, 1<<64 - 128},
+		{"int16", []byte{0xd1, 0x80, 0x00}, 1<<64 - 1<<15},
+		{"int32", []byte{0xd2, 0x80, 0, 0, 0}, 1<<64 - 1<<31},
+		{"int64 minimum", []byte{0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0}, 1 << 63},
+		{"uint64 maximum", []byte{0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 1<<64 - 1},
+		{"uint32", []byte{0xce, 0xff, 0xff, 0xff, 0xff}, 1<<32 - 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var r Reader
+			r.Reset(tc.in)
+			got, err := r.Word()
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+			require.Zero(t, r.Len())
+		})
+	}
+	var r Reader
+	r.Reset([]byte{0xa1, 'x'})
+	_, err := r.Word()
+	require.ErrorIs(t, err, ErrType)
+}
+
+func TestWordsReadsIntegersOfEitherSignUntilAnotherValue(t *testing.T) {
+	data := []byte{0x05, 0xff, 0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe, 0xd1, 0xff, 0x00, 0xc4, 0x01, 0x07}
+	var r Reader
+	r.Reset(data)
+	dst := make([]uint64, 6)
+	n, err := r.Words(dst)
+	require.ErrorIs(t, err, ErrType)
+	require.Equal(t, 5, n)
+	require.Equal(t, []uint64{5, 1<<64 - 1, 1 << 63, 1<<64 - 2, 1<<64 - 256}, dst[:n])
+	b, err := r.Bytes()
+	require.NoError(t, err, "the reader stands at the value refused")
+	require.Equal(t, []byte{7}, b)
+}
+
+// FuzzWords checks Words against vmihailenco/msgpack: every integer it
+// reads is the oracle's, as its 64-bit pattern, and it stops at the first
+// value that is no integer, standing at it.
+func FuzzWords(f *testing.F) {
+	for _, s := range [][]any{{1, -1, int64(math.MinInt64), uint64(math.MaxUint64)}, {-129, 70000, "x"}, {int8(-5), []byte{1}}} {
+		var b []byte
+		for _, v := range s {
+			e, err := msgpack.Marshal(v)
+			require.NoError(f, err)
+			b = append(b, e...)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r Reader
+		r.Reset(data)
+		dst := make([]uint64, 8)
+		n, err := r.Words(dst)
+		dec := msgpack.NewDecoder(bytes.NewReader(data))
+		for i := range n {
+			v, derr := dec.DecodeInterface()
+			require.NoError(t, derr)
+			switch x := v.(type) {
+			case int8, int16, int32, int64:
+				require.Equal(t, uint64(toInt64(x)), dst[i])
+			case uint8, uint16, uint32, uint64:
+				require.Equal(t, toUint64(x), dst[i])
+			default:
+				t.Fatalf("Words read %d from a %T", dst[i], v)
+			}
+		}
+		if err == nil {
+			require.Equal(t, len(dst), n)
+			return
+		}
+		require.True(t, errors.Is(err, ErrType) || errors.Is(err, io.ErrUnexpectedEOF), "%v", err)
+	})
+}
+
+func toInt64(v any) int64 {
+	switch x := v.(type) {
+	case int8:
+		return int64(x)
+	case int16:
+		return int64(x)
+	case int32:
+		return int64(x)
+	}
+	return v.(int64)
+}
+
+func toUint64(v any) uint64 {
+	switch x := v.(type) {
+	case uint8:
+		return uint64(x)
+	case uint16:
+		return uint64(x)
+	case uint32:
+		return uint64(x)
+	}
+	return v.(uint64)
+}

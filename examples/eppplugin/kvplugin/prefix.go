@@ -104,7 +104,11 @@ type KVEventsConfig struct {
 	TopicFilter string `json:"topicFilter"`
 	// Concurrency is the number of goroutines applying events; default 4.
 	Concurrency int `json:"concurrency"`
-	// EngineType must be "vllm" (or empty).
+	// EngineType is the engines' kind, as upstream's engine adapters name
+	// them: "vllm" (or empty) or "sglang". With "sglang" the index holds
+	// SGLang's own page keys (hashing.SGLang) unless HashAlgo or
+	// ContentKeys say otherwise, and tokenProcessorConfig.blockSizeTokens
+	// must be SGLang's --page-size.
 	EngineType string `json:"engineType,omitempty"`
 	// DiscoverPods subscribes to each endpoint the EPP discovers (Extract);
 	// default true.
@@ -159,6 +163,7 @@ type PrefixProducer struct {
 	scorer    *picker.Picker
 	sub       Subscription
 	discovery *PodDiscoveryConfig
+	engine    events.Engine // kvEventsConfig.engineType
 	log       *slog.Logger
 
 	mu   sync.Mutex
@@ -220,7 +225,20 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 	if tp.BlockSizeTokens <= 0 {
 		return nil, bad("tokenProcessorConfig.blockSizeTokens must be positive, got %d", tp.BlockSizeTokens)
 	}
+	engine := events.EngineVLLM
+	if kv := cfg.KVEventsConfig; kv != nil {
+		switch kv.EngineType {
+		case "", "vllm":
+		case "sglang":
+			engine = events.EngineSGLang
+		default:
+			return nil, bad("engineType %q: want vllm or sglang, as upstream's engine adapters", kv.EngineType)
+		}
+	}
 	hc := hashing.Config{Algo: hashing.Algo(cfg.HashAlgo), Seed: tp.HashSeed, BlockSize: tp.BlockSizeTokens}
+	if engine == events.EngineSGLang && cfg.HashAlgo == "" {
+		hc.Algo = hashing.SGLang
+	}
 	if cfg.ContentKeys {
 		if cfg.HashAlgo != "" {
 			return nil, bad("contentKeys replaces hashAlgo %q: set one of them", cfg.HashAlgo)
@@ -254,9 +272,6 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		}
 		weights[strings.ToUpper(b.Name)] = b.Weight
 	}
-	if kv := cfg.KVEventsConfig; kv != nil && kv.EngineType != "" && kv.EngineType != "vllm" {
-		return nil, bad("engineType %q: kvsource reads vLLM's KV events only", kv.EngineType)
-	}
 	if idx == nil {
 		idx = index.New(index.Config{MaxHolderBlocks: mem.Size})
 	}
@@ -273,6 +288,7 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		idx:       idx,
 		scorer:    sc,
 		log:       slog.Default().With("plugin", PrefixProducerType, "name", name),
+		engine:    engine,
 		pods:      map[types.NamespacedName]index.Holder{},
 	}
 	if kv := cfg.KVEventsConfig; kv != nil && kv.DiscoverPods && kv.PodDiscoveryConfig != nil {
@@ -297,7 +313,7 @@ func (p *PrefixProducer) subscribe(ctx context.Context, cfg *KVEventsConfig, sub
 	}
 	sub, err := subscribe(SubscriptionConfig{
 		Index: p.idx, Hasher: p.hasher, Bind: cfg.ZMQEndpoint, TopicFilter: cfg.TopicFilter,
-		Workers: cfg.Concurrency, Logger: p.log,
+		Workers: cfg.Concurrency, Logger: p.log, Engine: p.engine,
 	})
 	if err != nil {
 		return fmt.Errorf("%s %q: %w", PrefixProducerType, p.typedName.Name, err)

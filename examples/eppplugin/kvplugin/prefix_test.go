@@ -257,7 +257,13 @@ func TestPrefixFactory(t *testing.T) {
 		{name: "a null indexerConfig is refused", params: `{"indexerConfig":null}`, wantErr: "indexerConfig is required"},
 		{name: "a tokenizers pool is refused", params: `{"indexerConfig":{"tokenizersPoolConfig":{}}}`, wantErr: "tokenizersPoolConfig is not supported"},
 		{name: "another index backend is refused", params: `{"indexerConfig":{"kvBlockIndexConfig":{"redisConfig":{}}}}`, wantErr: `unknown field "redisConfig"`},
-		{name: "sglang is refused", params: `{"kvEventsConfig":{"engineType":"sglang"}}`, wantErr: "vLLM's KV events only"},
+		{name: "sglang keys by SGLang's pages", params: `{"tokenProcessorConfig":{"blockSizeTokens":1},"kvEventsConfig":{"engineType":"sglang","discoverPods":true,` +
+			`"topicFilter":"kv@","concurrency":4,"podDiscoveryConfig":{"socketPort":5557}}}`, wantBlock: 1, wantAlgo: hashing.SGLang,
+			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4, Engine: events.EngineSGLang}},
+		{name: "sglang with content keys", params: `{"contentKeys":true,"kvEventsConfig":{"engineType":"sglang","topicFilter":"kv@","concurrency":4,` +
+			`"discoverPods":true,"podDiscoveryConfig":{"socketPort":5557}}}`, wantBlock: 16, wantAlgo: hashing.Content,
+			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4, Engine: events.EngineSGLang}},
+		{name: "another engine is refused", params: `{"kvEventsConfig":{"engineType":"trtllm"}}`, wantErr: "want vllm or sglang"},
 		{name: "a bad socket port is refused", params: `{"kvEventsConfig":{"discoverPods":true,"podDiscoveryConfig":{"socketPort":0}}}`, wantErr: "socketPort 0"},
 		{name: "a negative tier weight is refused", params: `{"indexerConfig":{"kvCacheBackendConfigs":[{"name":"cpu","weight":-1}]}}`, wantErr: "non-negative weight"},
 		{name: "unknown fields are refused", params: `{"tokenProcessorConfig":{"blockSizeTokens":16,"bogus":1}}`, wantErr: `unknown field "bogus"`},

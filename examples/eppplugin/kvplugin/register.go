@@ -21,6 +21,7 @@ package kvplugin
 
 import (
 	"context"
+	"github.com/kvsource/kvsource/events"
 	"log/slog"
 
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/plugin"
@@ -67,6 +68,9 @@ type SubscriptionConfig struct {
 	// Workers is the number of goroutines applying events.
 	Workers int
 	Logger  *slog.Logger
+	// Engine is the engines' kind (kvEventsConfig.engineType), for bound
+	// sockets' pods and those AddPod adds.
+	Engine events.Engine
 }
 
 // SubscribeFunc builds a Subscription; zmqevents.Subscribe is one.

@@ -33,6 +33,7 @@ func Subscribe(cfg kvplugin.SubscriptionConfig) (kvplugin.Subscription, error) {
 		},
 		TopicPrefix: cfg.TopicFilter,
 		Topic:       parseTopic,
+		Engine:      cfg.Engine,
 	}
 	if cfg.Bind != "" {
 		sc.Bind = []string{cfg.Bind}
@@ -42,7 +43,21 @@ func Subscribe(cfg kvplugin.SubscriptionConfig) (kvplugin.Subscription, error) {
 	} else {
 		sc.Events.Hasher = cfg.Hasher
 	}
-	return zmq.NewSubscriber(sc)
+	s, err := zmq.NewSubscriber(sc)
+	if err != nil {
+		return nil, err
+	}
+	return subscription{s, cfg.Engine}, nil
+}
+
+// subscription adds discovered pods with the configured engine.
+type subscription struct {
+	*zmq.Subscriber
+	engine events.Engine
+}
+
+func (s subscription) AddPod(pod, endpoint, replayEndpoint string) error {
+	return s.AddPodConfig(zmq.PodConfig{Pod: pod, Endpoint: endpoint, Replay: replayEndpoint, Engine: s.engine})
 }
 
 // parseTopic reads llm-d's topic "kv@<host:port>@<model>" and names the pod

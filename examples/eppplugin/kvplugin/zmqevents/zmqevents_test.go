@@ -22,6 +22,7 @@ import (
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/scheduling"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/enginepub"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
 
@@ -102,4 +103,44 @@ func TestKVEventsOverZMQReachTheDecision(t *testing.T) {
 	}}
 	require.NoError(t, src.PreRequest(ctx, req, res))
 	require.Equal(t, "127.0.0.1:8000", req.Headers[routing.KVCacheSourceHeader])
+}
+
+// An SGLang engine's events (signed hashes, one BlockStored per page of
+// one token, its own keys) reach the decision with engineType sglang.
+func TestSGLangEventsOverZMQReachTheDecision(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", testenv.FreePort(t))
+	handle := plugin.NewEppHandle(ctx, nil)
+	params := fmt.Sprintf(`{"tokenProcessorConfig":{"blockSizeTokens":1},"kvEventsConfig":{"engineType":"sglang","zmqEndpoint":%q,"discoverPods":false}}`, ep)
+	pl, err := kvplugin.PrefixFactory(Subscribe)(kvplugin.PrefixProducerType, plugin.StrictDecoder(json.RawMessage(params)), handle)
+	require.NoError(t, err)
+	prefix := pl.(*kvplugin.PrefixProducer)
+	require.Equal(t, hashing.SGLang, prefix.Hasher().Config().Algo)
+
+	rng := rand.New(rand.NewPCG(7, 8))
+	tokens := make([]uint32, 40)
+	for i := range tokens {
+		tokens[i] = rng.Uint32N(50000)
+	}
+	engine := enginepub.New(enginepub.Config{Engine: enginepub.SGLang, PageSize: 1})
+	engine.Serve(tokens)
+	_, payload := engine.Flush()
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: ep, Topic: "kv@127.0.0.1:8000@m"})
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.WaitSubscribed(ctx))
+	_, err = pub.PublishPayload(payload)
+	require.NoError(t, err)
+	holder := index.Holder{Pod: "127.0.0.1:8000"}
+	require.Eventually(t, func() bool {
+		return prefix.Index().HolderBlocks("m", holder)[index.TierGPU] == len(tokens)
+	}, 10*time.Second, 5*time.Millisecond)
+
+	keys, err := prefix.Hasher().BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	require.Equal(t, engine.Keys(tokens), keys)
+	var res index.Result
+	prefix.Index().Lookup("m", keys, &res)
+	require.Equal(t, len(tokens), res.Holder(holder).Prefix)
 }
