@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/events/natsstream"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/internal/cliflag"
@@ -20,6 +21,8 @@ import (
 // pod's model whatever its topic says: vLLM's default topic is empty.
 type PodEndpoint struct {
 	Pod, Endpoint, Replay, Model string
+	// Engine is the engine the pod runs (engine=vllm, sglang or trtllm).
+	Engine events.Engine
 }
 
 // Key modes of --keys.
@@ -65,6 +68,12 @@ type Config struct {
 	// EventsBind.
 	EventsConnect []PodEndpoint
 	EventsReplay  []PodEndpoint
+	// EventsEngine is the engine of the pods EventsBind hears that
+	// EventsConnect does not name; zero: vLLM. When every pod runs one
+	// engine other than vLLM and Algo is empty, its default keys
+	// (events.Engine.Hashing) are the service's, block size included
+	// unless BlockSize is set.
+	EventsEngine events.Engine
 	// HTTP is the address ListenAndServe listens on; empty:
 	// DefaultHTTP. A Service mounted in another server ignores it.
 	HTTP string
@@ -140,8 +149,31 @@ const (
 	HashCacheOff = -1
 )
 
+// engineDefaults gives Algo and BlockSize, when unset, the default keys of
+// the one engine every pod runs, when that is not vLLM.
+func (c *Config) engineDefaults() {
+	engines := map[events.Engine]bool{}
+	if len(c.EventsBind) > 0 {
+		engines[c.EventsEngine] = true
+	}
+	for _, pe := range c.EventsConnect {
+		engines[pe.Engine] = true
+	}
+	if len(engines) != 1 || engines[events.EngineVLLM] || c.Algo != "" {
+		return // vLLM's are the defaults; a mixed fleet has no one hashing
+	}
+	for engine := range engines {
+		h := engine.Hashing()
+		c.Algo = string(h.Algo)
+		if c.BlockSize == 0 {
+			c.BlockSize = h.BlockSize
+		}
+	}
+}
+
 // setDefaults fills in the default of every zero field.
 func (c *Config) setDefaults() {
+	c.engineDefaults()
 	def := func(v *int, d int) {
 		if *v == 0 {
 			*v = d
@@ -224,10 +256,10 @@ func (l *connectList) Set(v string) error {
 }
 
 // ParsePodEndpoint parses
-// POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]; a model name
-// cannot contain a comma.
+// POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL][,engine=ENGINE];
+// a model name cannot contain a comma.
 func ParsePodEndpoint(v string) (PodEndpoint, error) {
-	const want = "POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL]"
+	const want = "POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL][,engine=vllm|sglang|trtllm]"
 	pod, rest, ok := strings.Cut(v, "=")
 	if !ok || pod == "" || rest == "" {
 		return PodEndpoint{}, fmt.Errorf("want %s, got %q", want, v)
@@ -237,17 +269,24 @@ func ParsePodEndpoint(v string) (PodEndpoint, error) {
 	seen := map[string]bool{}
 	for _, p := range parts[1:] {
 		k, val, ok := strings.Cut(p, "=")
-		if !ok || (k != "replay" && k != "model") || val == "" {
+		if !ok || (k != "replay" && k != "model" && k != "engine") || val == "" {
 			return PodEndpoint{}, fmt.Errorf("unknown option %q in %q (want %s)", p, v, want)
 		}
 		if seen[k] {
 			return PodEndpoint{}, fmt.Errorf("option %s given twice in %q", k, v)
 		}
 		seen[k] = true
-		if k == "replay" {
+		switch k {
+		case "replay":
 			pe.Replay = val
-		} else {
+		case "model":
 			pe.Model = val
+		default:
+			e, err := events.ParseEngine(val)
+			if err != nil {
+				return PodEndpoint{}, fmt.Errorf("%q: %w", v, err)
+			}
+			pe.Engine = e
 		}
 	}
 	return pe, nil
@@ -269,8 +308,10 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	fs.IntVar(&cfg.EventsLogBudget, "events-log-budget", 10, "event-intake log lines of each kind a second across all pods; the next line says how many were left out")
 	fs.IntVar(&cfg.EventsMaxHolders, "events-max-holders", DefaultEventsMaxHolders, "holders (pod, data-parallel rank) followed; at the bound the least recently heard one, stale first, is evicted to make room")
 	fs.DurationVar(&cfg.SnapshotExpiry, "snapshot-expiry", DefaultSnapshotExpiry, "how long holders restored from the snapshot that never publish keep their entries")
-	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL] (repeatable); "+
-		"model= names the pod's model when its topic does not (vLLM's default topic is empty)")
+	fs.Var(&connect, "events-connect", "connect to a pod's PUB socket: POD=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,model=MODEL][,engine=vllm|sglang|trtllm] (repeatable); "+
+		"model= names the pod's model when its topic does not (vLLM's and SGLang's default topic is empty), engine= the engine when it is not vLLM")
+	var engine string
+	fs.StringVar(&engine, "events-engine", "vllm", "the engine (vllm, sglang or trtllm) of the pods --events-bind hears; with one engine other than vLLM for every pod and no --algo, its default keys and block size are used")
 	fs.Var(&replay, "events-replay", "replay endpoint of a pod that connects to --events-bind: POD=tcp://HOST:PORT, rank 0's; rank r's port is r higher (repeatable)")
 	fs.StringVar(&cfg.HTTP, "http", DefaultHTTP, "HTTP listen address")
 	fs.StringVar(&cfg.Algo, "algo", string(hashing.SHA256), "the engines' --prefix-caching-hash-algo (with --keys engine)")
@@ -323,6 +364,25 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 		cfg.EventsAllow = append(cfg.EventsAllow, p.Masked())
 	}
 	cfg.Seed, cfg.SeedSet = seed.Value, seed.Given
+	var err error
+	if cfg.EventsEngine, err = events.ParseEngine(engine); err != nil {
+		return cfg, fmt.Errorf("--events-engine: %w", err)
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if !given["algo"] {
+		cfg.Algo = ""
+	}
+	if !given["block-size"] {
+		cfg.BlockSize = 0
+	}
+	cfg.engineDefaults()
+	if cfg.Algo == "" {
+		cfg.Algo = string(hashing.SHA256)
+	}
+	if cfg.BlockSize == 0 && !given["block-size"] {
+		cfg.BlockSize = hashing.DefaultBlockSize
+	}
 	switch {
 	case hashCache < 0:
 		return cfg, fmt.Errorf("--hash-cache-bytes must not be negative, got %d", hashCache)

@@ -100,13 +100,13 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if content {
 		ecfg.ContentKeys, ecfg.Hasher = h, nil
 	}
-	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{Events: ecfg, Bind: cfg.EventsBind, MaxMessageSize: cfg.EventsMaxMessage,
+	s.sub, err = zmq.NewSubscriber(zmq.SubscriberConfig{Events: ecfg, Engine: cfg.EventsEngine, Bind: cfg.EventsBind, MaxMessageSize: cfg.EventsMaxMessage,
 		Allow: cfg.EventsAllow, NoSenderCheck: cfg.EventsNoSenderCheck, MaxPodsPerSender: cfg.EventsPodsPerSender})
 	if err != nil {
 		return nil, err
 	}
 	for _, pe := range cfg.EventsConnect {
-		if err := s.sub.AddPodConfig(zmq.PodConfig{Pod: pe.Pod, Endpoint: pe.Endpoint, Replay: pe.Replay, Model: pe.Model}); err != nil {
+		if err := s.sub.AddPodConfig(zmq.PodConfig{Pod: pe.Pod, Endpoint: pe.Endpoint, Replay: pe.Replay, Model: pe.Model, Engine: pe.Engine}); err != nil {
 			return nil, fmt.Errorf("--events-connect %s: %w", pe.Pod, err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -180,9 +181,9 @@ type hashJSONBlock struct {
 }
 
 func hashAlgoList() string {
-	names := make([]string, len(hashing.Algos))
-	for i, a := range hashing.Algos {
-		names[i] = string(a)
+	var names []string
+	for _, a := range append(slices.Clone(hashing.Algos), hashing.EngineAlgos...) {
+		names = append(names, string(a))
 	}
 	return strings.Join(names, ", ")
 }
