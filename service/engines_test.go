@@ -51,7 +51,7 @@ func TestServeFollowsAnSGLangPodWithItsOwnKeysFromEngineAlone(t *testing.T) {
 			}
 			system := simTokens(96, 1)
 			turn1 := append(append([]uint32{}, system...), simTokens(40, 2)...)
-			turn2 := append(append([]uint32{}, turn1...), simTokens(24, 3)...) // a multi-turn extension
+			turn2 := append(append([]uint32{}, turn1...), simTokens(24, 3)...)   // a multi-turn extension
 			branch := append(append([]uint32{}, system...), simTokens(48, 4)...) // a second branch
 			for _, prompt := range [][]uint32{turn1, turn2, branch} {
 				engine.Serve(prompt)
@@ -87,7 +87,7 @@ func TestServeTakesEachEnginesDefaultKeysOnlyForAFleetOfThatEngine(t *testing.T)
 		{[]string{"--events-connect", "a=tcp://h:1,engine=trtllm", "--block-size", "64"}, "trtllm_v1_block_key", 64},
 		{[]string{"--events-connect", "a=tcp://h:1,engine=sglang", "--algo", "sha256"}, "sha256", 16},
 		{[]string{"--events-connect", "a=tcp://h:1,engine=sglang", "--events-connect", "b=tcp://h:2"}, "sha256", 16}, // mixed
-		{[]string{"--events-bind", "tcp://*:5557", "--events-connect", "a=tcp://h:1,engine=sglang"}, "sha256", 16},       // bind pods are vLLM
+		{[]string{"--events-bind", "tcp://*:5557", "--events-connect", "a=tcp://h:1,engine=sglang"}, "sha256", 16},   // bind pods are vLLM
 		{nil, "sha256", 16},
 	} {
 		cfg, err := parseFlags(tc.args, io.Discard)
