@@ -279,6 +279,9 @@ func (n *natsRole) awaitConnected(ctx context.Context, log *slog.Logger) error {
 		select {
 		case <-ctx.Done():
 			why := "no answer"
+			if last := n.lastErr.Load(); last != nil {
+				why = (*last).Error()
+			}
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				why = natsDialError(context.WithoutCancel(ctx), n.cfg.URL)
 			}

@@ -268,7 +268,11 @@ func (s *Sources) watch(ctx context.Context) {
 			if owner != holder {
 				s.notHolder.Add(1)
 				early.owner, early.t, early.at = owner, t, arrived
-				if _, ok := s.warnedHolder.Allow(time.Minute); ok {
+				if holder == "" {
+					// The lease's first update has not arrived: at start-up
+					// the table often comes first, and waits for it.
+					s.log.Debug("natsstream: a sources table waits for the relay lease's update", "owner", truncate(owner, 256))
+				} else if _, ok := s.warnedHolder.Allow(time.Minute); ok {
 					s.log.Warn("natsstream: dropped a sources table not from the relay lease's holder (yet)",
 						"owner", truncate(owner, 256), "holder", holder)
 				}
