@@ -32,6 +32,7 @@ type tierState struct {
 // writers (normally a single event worker); readers never take it.
 type holderState struct {
 	h     Holder
+	ms    *modelState
 	mu    sync.Mutex
 	tiers atomic.Pointer[[]*tierState]
 	// live counts held (key, tier) pairs; read by the budget's victim scan.
@@ -49,8 +50,8 @@ type holderState struct {
 	scratch []int32
 }
 
-func newHolderState(h Holder, capacity int64) *holderState {
-	hs := &holderState{h: h}
+func newHolderState(ms *modelState, h Holder, capacity int64) *holderState {
+	hs := &holderState{h: h, ms: ms}
 	hs.capacity.Store(capacity)
 	empty := []*tierState{}
 	hs.tiers.Store(&empty)
@@ -460,6 +461,11 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	ts.publishGaps(nt)
 	nt.epoch.Store(old.epoch.Load())
 	ts.tab.Store(nt)
+	for i := range old.slots {
+		if m := old.slots[i].meta; m != 0 && remap[i] == 0 && depthOf(m) == 0 {
+			hs.rootDropped(ti, old.slots[i].key)
+		}
+	}
 	hs.remapFIFO(ti, remap)
 	return nt
 }

@@ -517,3 +517,44 @@ func TestMemoryBytesBoundsTheLiveHeapAtTheCap(t *testing.T) {
 	require.LessOrEqual(t, heap, int64(budget))
 	runtime.KeepAlive(ix)
 }
+
+// A lookup searches only the holders that start a chain at the prompt's
+// first block, however many other holders the model has, and its answers
+// stay those of every holder.
+func TestLookupSearchesOnlyHoldersStartingAChainAtTheFirstBlock(t *testing.T) {
+	ix := New(Config{})
+	p := chain(1, 64)
+	for i := range 500 {
+		h := Holder{Pod: fmt.Sprintf("bg-%d", i)}
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: chain(uint64(1000+i), 40)})
+	}
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: p[:10]})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierCPU, Parent: ParentKey(p[9]), Keys: p[10:30]})
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierCPU, Keys: p[:1]})
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierCPU, Keys: p[1:50]})
+	// podC's store names an unknown parent: p[0] is held, unanchored.
+	ix.Store(Blocks{Model: "m", Holder: podC, Tier: TierGPU, Parent: ParentKey(p[0]), Keys: p[1:5]})
+	ix.Store(Blocks{Model: "m", Holder: podC, Tier: TierGPU, Keys: p[:1]})
+	ms := ix.model("m", false)
+	require.Len(t, ms.rootHolders(p[0]), 3)
+
+	var res Result
+	ix.Lookup("m", p, &res)
+	require.Equal(t, map[Holder]Hit{
+		podA: {Holder: podA, Prefix: 30, Tiers: []TierPrefix{{TierGPU, 10}}},
+		podB: {Holder: podB, Prefix: 50, Tiers: []TierPrefix{{TierCPU, 50}}},
+		podC: {Holder: podC, Prefix: 5, Tiers: []TierPrefix{{TierGPU, 5}}},
+	}, hitsByHolder(&res))
+
+	// Rebuilt tables, cleared tiers and removed holders leave the roots.
+	ix.ClearHolder("m", podB, TierCPU)
+	ix.RemoveHolder(podC)
+	for i := range 2000 {
+		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(uint64(5000+i), 4)})
+		ix.Remove("m", podA, TierGPU, 0, chain(uint64(5000+i), 4))
+	}
+	checkInvariants(t, ix, -1)
+	require.Len(t, ms.rootHolders(p[0]), 1)
+	ix.Lookup("m", p, &res)
+	require.Equal(t, map[Holder]Hit{podA: {Holder: podA, Prefix: 30, Tiers: []TierPrefix{{TierGPU, 10}}}}, hitsByHolder(&res))
+}

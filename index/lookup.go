@@ -3,10 +3,14 @@ package index
 import "slices"
 
 // Lookup sets res.Hits to one Hit per holder of model that holds a
-// non-empty prefix of keys. keys must be a prompt's block keys in order,
-// each the child of the one before (as the hashing package returns them).
-// Lookup takes no lock, and with a reused res it does not allocate once
-// res has grown to the number of hits.
+// non-empty prefix of keys. keys must be a prompt's block keys in order
+// from its first block, each the child of the one before (as the hashing
+// package returns them). Lookup takes no lock, and with a reused res it
+// does not allocate once res has grown to the number of hits.
+//
+// Its cost follows the holders that start a chain at keys[0], not the
+// model's: the first block of a prompt has no parent, so every holder of
+// it has it at depth 0 and is listed under it in the model's roots.
 func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 	hits := res.Hits[:0]
 	ms := ix.model(model, false)
@@ -14,7 +18,7 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 		res.Hits = hits
 		return
 	}
-	for _, hs := range *ms.list.Load() {
+	for _, hs := range ms.rootHolders(keys[0]) {
 		tiers := hs.tierList()
 		if len(hits) < cap(hits) {
 			hits = hits[:len(hits)+1]
