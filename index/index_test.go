@@ -262,6 +262,8 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 		ix.Lookup("m", p, &res)
 		ix.Run("m", Holder{Pod: "p3"}, p, 4, []string{TierCPU})
 		dst = ix.Holders("m", p[3], dst)
+		dst = ix.HoldersAt("m", p, 3, dst)
+		dst = ix.model("m", false).holdersFromRoots(p, 200, dst)
 	})
 	require.Zero(t, allocs)
 	require.Len(t, res.Hits, 16)
@@ -298,6 +300,7 @@ func TestChainsLongerThanDepthsCountAreExact(t *testing.T) {
 	ix.Lookup("m", p, &res)
 	require.Equal(t, len(p), res.Holder(podA).Prefix)
 	require.Equal(t, 4000, ix.Run("m", podA, p, len(p)-4000, nil))
+	require.Equal(t, []Holder{podA}, ix.model("m", false).holdersFromRoots(p, len(p)-1, nil), "past the depths a slot counts")
 
 	// A hole past the saturated depths: every block there is checked.
 	ix.Remove("m", podA, TierGPU, 0, p[metaDepthMax+100:metaDepthMax+101])
@@ -537,6 +540,8 @@ func TestLookupSearchesOnlyHoldersStartingAChainAtTheFirstBlock(t *testing.T) {
 	ix.Store(Blocks{Model: "m", Holder: podC, Tier: TierGPU, Keys: p[:1]})
 	ms := ix.model("m", false)
 	require.Len(t, ms.rootHolders(p[0]), 3)
+	require.ElementsMatch(t, []Holder{podA, podB}, ms.holdersFromRoots(p, 20, nil), "chains that start at p[9] and p[1]")
+	require.ElementsMatch(t, []Holder{podA, podB, podC}, ms.holdersFromRoots(p, 3, nil), "podA listed under p[0] for GPU only")
 
 	var res Result
 	ix.Lookup("m", p, &res)

@@ -331,8 +331,13 @@ func (w *workload) check(ix *Index, op int) {
 			names = []string{w.pc.tiers[rng.IntN(len(w.pc.tiers))]}
 		}
 		require.Equal(t, ref.run(model, h, q, start, names), ix.Run(model, h, q, start, names), "op %d run from %d in %v", op, start, names)
-		k := q[rng.IntN(len(q))]
+		ki := rng.IntN(len(q))
+		k := q[ki]
 		require.ElementsMatch(t, ref.holders(model, k), ix.Holders(model, k, nil), "op %d holders", op)
+		require.ElementsMatch(t, ref.holders(model, k), ix.HoldersAt(model, q, ki, nil), "op %d holders at %d", op, ki)
+		if ms := ix.model(model, false); ms != nil {
+			require.ElementsMatch(t, ref.holders(model, k), ms.holdersFromRoots(q, ki, nil), "op %d holders from roots at %d", op, ki)
+		}
 		w.searched += checkSearch(t, ix, model, q, start)
 	}
 }
