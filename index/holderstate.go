@@ -46,8 +46,10 @@ type holderState struct {
 	head     int
 	// sink keeps prefetching loads from being optimised away.
 	sink uint64
-	// scratch holds Remove's slots between its two passes.
+	// scratch holds Remove's slots between its two passes, dropped the
+	// keys of the chain starts a rebuild drops.
 	scratch []int32
+	dropped []uint64
 }
 
 func newHolderState(ms *modelState, h Holder, capacity int64) *holderState {
@@ -437,9 +439,13 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	// nt is private until published: plain writes. Parents keep their old
 	// index until every slot has its new one.
 	nt := newTable(size)
+	dropped := hs.dropped[:0]
 	for i := range old.slots {
 		m := old.slots[i].loadMeta()
 		if !held(m) && remap[i] == 0 {
+			if m != 0 && depthOf(m) == 0 {
+				dropped = append(dropped, old.slots[i].key)
+			}
 			continue
 		}
 		k := old.slots[i].loadKey()
@@ -461,11 +467,10 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	ts.publishGaps(nt)
 	nt.epoch.Store(old.epoch.Load())
 	ts.tab.Store(nt)
-	for i := range old.slots {
-		if m := old.slots[i].meta; m != 0 && remap[i] == 0 && depthOf(m) == 0 {
-			hs.rootDropped(ti, old.slots[i].key)
-		}
+	for _, k := range dropped {
+		hs.rootDropped(ti, k)
 	}
+	hs.dropped = dropped[:0]
 	hs.remapFIFO(ti, remap)
 	return nt
 }
