@@ -15,7 +15,9 @@
 // longest prefix held in that tier alone. Run gives the consecutive run a
 // holder has from a given block in a given set of tiers: what it could
 // supply to a destination that already has the blocks before. Holders lists
-// the holders of one block. There is no cap on holders per block.
+// the holders of one block; HoldersAt does too, given the prompt before it,
+// at a cost that follows the prompt rather than the model's holders. There
+// is no cap on holders per block.
 //
 // # Exactness
 //
@@ -52,12 +54,13 @@
 //
 // # Concurrency
 //
-// Readers (Lookup, Run, Holders, HolderBlocks, Stats) take no lock and never
-// wait for writers: each holder's blocks live in hash tables written by one
-// writer and read with atomic loads; a growing table is rebuilt aside and
-// swapped in. A model's roots are lists copied on removal and published
-// atomically; their writers (a store that starts a chain, a rebuild that
-// drops one) take a per-model mutex readers never touch. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
+// Readers (Lookup, Run, Holders, HoldersAt, HolderBlocks, Stats) take no
+// lock and never wait for writers: each holder's blocks live in hash tables
+// written by one writer and read with atomic loads; a growing table is
+// rebuilt aside and swapped in. A model's roots are lists copied on
+// removal and published atomically; their writers (a store that starts a
+// chain, a rebuild or clear that drops one) take a per-model mutex readers
+// never touch. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
 // per holder and model on a mutex readers never touch; the events package
 // calls them from one goroutine per holder, so different holders proceed in
 // parallel. A lookup concurrent with writes sees each block either before
