@@ -15,7 +15,9 @@
 // longest prefix held in that tier alone. Run gives the consecutive run a
 // holder has from a given block in a given set of tiers: what it could
 // supply to a destination that already has the blocks before. Holders lists
-// the holders of one block. There is no cap on holders per block.
+// the holders of one block; HoldersAt does too, given the prompt before it,
+// at a cost that follows the prompt rather than the model's holders. There
+// is no cap on holders per block.
 //
 // # Exactness
 //
@@ -28,6 +30,15 @@
 // it, and the keys of one Store are consecutive blocks. Events whose blocks
 // are not consecutive (hybrid models' groups that skip blocks) must be
 // stored one key at a time without a parent.
+//
+// A lookup searches only the holders that start a chain at the prompt's
+// first block: the index keeps, per model and key, the holders with a
+// block stored there without a parent (or named as an unknown parent), its
+// roots. A prompt's first block has no parent, so a holder of it is among
+// them; keys passed to Lookup must therefore start at a prompt's first
+// block, as the hashing package's do. A lookup's cost follows those
+// holders, not the model's: holders that share nothing with the prompt
+// cost nothing.
 //
 // Lookups are fast because engines store a block only after its parent.
 // For each holder and tier the index keeps, per block, the slot of its
@@ -43,10 +54,13 @@
 //
 // # Concurrency
 //
-// Readers (Lookup, Run, Holders, HolderBlocks, Stats) take no lock and never
-// wait for writers: each holder's blocks live in hash tables written by one
-// writer and read with atomic loads; a growing table is rebuilt aside and
-// swapped in. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
+// Readers (Lookup, Run, Holders, HoldersAt, HolderBlocks, Stats) take no
+// lock and never wait for writers: each holder's blocks live in hash tables
+// written by one writer and read with atomic loads; a growing table is
+// rebuilt aside and swapped in. A model's roots are lists copied on
+// removal and published atomically; their writers (a store that starts a
+// chain, a rebuild or clear that drops one) take a per-model mutex readers
+// never touch. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
 // per holder and model on a mutex readers never touch; the events package
 // calls them from one goroutine per holder, so different holders proceed in
 // parallel. A lookup concurrent with writes sees each block either before
@@ -67,7 +81,9 @@
 // holding removed and stored again keeps its first place in that order
 // until the holder's eviction queue is next compacted. Unheld ancestors of
 // held blocks are kept as long as those are, so that depths stay
-// meaningful.
+// meaningful. Roots cost a list entry per chain start, not per block: with
+// engines that report parents, one per stored request prefix; a producer
+// that reports none makes every block a chain start.
 //
 // # Snapshots
 //

@@ -32,6 +32,7 @@ type tierState struct {
 // writers (normally a single event worker); readers never take it.
 type holderState struct {
 	h     Holder
+	ms    *modelState
 	mu    sync.Mutex
 	tiers atomic.Pointer[[]*tierState]
 	// live counts held (key, tier) pairs; read by the budget's victim scan.
@@ -45,12 +46,14 @@ type holderState struct {
 	head     int
 	// sink keeps prefetching loads from being optimised away.
 	sink uint64
-	// scratch holds Remove's slots between its two passes.
+	// scratch holds Remove's slots between its two passes, dropped the
+	// keys of the chain starts a rebuild drops.
 	scratch []int32
+	dropped []uint64
 }
 
-func newHolderState(h Holder, capacity int64) *holderState {
-	hs := &holderState{h: h}
+func newHolderState(ms *modelState, h Holder, capacity int64) *holderState {
+	hs := &holderState{h: h, ms: ms}
 	hs.capacity.Store(capacity)
 	empty := []*tierState{}
 	hs.tiers.Store(&empty)
@@ -436,9 +439,13 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	// nt is private until published: plain writes. Parents keep their old
 	// index until every slot has its new one.
 	nt := newTable(size)
+	dropped := hs.dropped[:0]
 	for i := range old.slots {
 		m := old.slots[i].loadMeta()
 		if !held(m) && remap[i] == 0 {
+			if m != 0 && depthOf(m) == 0 {
+				dropped = append(dropped, old.slots[i].key)
+			}
 			continue
 		}
 		k := old.slots[i].loadKey()
@@ -460,6 +467,10 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 	ts.publishGaps(nt)
 	nt.epoch.Store(old.epoch.Load())
 	ts.tab.Store(nt)
+	for _, k := range dropped {
+		hs.rootDropped(ti, k)
+	}
+	hs.dropped = dropped[:0]
 	hs.remapFIFO(ti, remap)
 	return nt
 }

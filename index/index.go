@@ -96,11 +96,14 @@ type Index struct {
 }
 
 // modelState holds one model's holders. The list is copied on change so a
-// lookup ranges over it without a lock.
+// lookup ranges over it without a lock. roots lists the holders that start
+// a chain at each key (see roots.go); rootMu serialises its writers.
 type modelState struct {
 	holders *xsync.Map[Holder, *holderState]
 	mu      sync.Mutex
 	list    atomic.Pointer[[]*holderState]
+	roots   *xsync.Map[uint64, *rootSet]
+	rootMu  sync.Mutex
 }
 
 // New returns an empty index.
@@ -146,7 +149,7 @@ func (ix *Index) model(name string, create bool) *modelState {
 		return ms
 	}
 	ms, _ := ix.models.LoadOrCompute(name, func() (*modelState, bool) {
-		ms := &modelState{holders: xsync.NewMap[Holder, *holderState]()}
+		ms := &modelState{holders: xsync.NewMap[Holder, *holderState](), roots: xsync.NewMap[uint64, *rootSet]()}
 		empty := []*holderState{}
 		ms.list.Store(&empty)
 		return ms, false
@@ -179,7 +182,7 @@ func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 			if !ok {
 				// SetHolderCapacity updates holders under ms.mu too: it
 				// either finds hs or stored the capacity read here.
-				hs = newHolderState(h, ix.capacityOf(h))
+				hs = newHolderState(ms, h, ix.capacityOf(h))
 				ms.holders.Store(h, hs)
 				list := *ms.list.Load()
 				next := make([]*holderState, len(list), len(list)+1)
@@ -255,6 +258,7 @@ func (ix *Index) Store(b Blocks) {
 	if parent, ok := b.Parent.Key(); ok {
 		if prev = t.find(parent); prev < 0 {
 			prev = t.insert(parent, 0)
+			hs.rootAdded(ti, parent)
 		}
 	}
 	bit := groupBit(group)
@@ -270,6 +274,9 @@ func (ix *Index) Store(b Blocks) {
 					ts.addGap(t, t.slots[prev].loadKey(), pm)
 				}
 				m = anchoredMeta(prev, pm)
+			}
+			if prev < 0 {
+				hs.rootAdded(ti, k)
 			}
 			if bit != metaExtGroup {
 				// The common case: a new block, published held at once.
@@ -418,13 +425,16 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 		n += ts.live
 	}
 	hs.dropTiers(gone)
+	tabs := make([]*table, len(tiers))
 	for ti, ts := range tiers {
 		if gone[ti] {
+			tabs[ti] = ts.tab.Load()
 			ts.tab.Store(newTable(minTableSize))
 			ts.ext, ts.childOver, ts.gaps = nil, nil, nil
 			ts.live = 0
 		}
 	}
+	hs.dropRoots(tabs, gone, false)
 	hs.live.Add(-n)
 	ix.total.Add(-n)
 	ix.cleared.Add(uint64(n))
@@ -450,6 +460,13 @@ func (ix *Index) RemoveHolder(h Holder) {
 		if ok {
 			hs.mu.Lock()
 			hs.dead = true
+			tiers := hs.tierList()
+			tabs := make([]*table, len(tiers))
+			gone := make([]bool, len(tiers))
+			for ti, ts := range tiers {
+				tabs[ti], gone[ti] = ts.tab.Load(), true
+			}
+			hs.dropRoots(tabs, gone, true)
 			n := hs.live.Load()
 			hs.live.Store(0)
 			ix.total.Add(-n)

@@ -262,6 +262,8 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 		ix.Lookup("m", p, &res)
 		ix.Run("m", Holder{Pod: "p3"}, p, 4, []string{TierCPU})
 		dst = ix.Holders("m", p[3], dst)
+		dst = ix.HoldersAt("m", p, 3, dst)
+		dst = ix.model("m", false).holdersFromRoots(p, 200, dst)
 	})
 	require.Zero(t, allocs)
 	require.Len(t, res.Hits, 16)
@@ -298,6 +300,7 @@ func TestChainsLongerThanDepthsCountAreExact(t *testing.T) {
 	ix.Lookup("m", p, &res)
 	require.Equal(t, len(p), res.Holder(podA).Prefix)
 	require.Equal(t, 4000, ix.Run("m", podA, p, len(p)-4000, nil))
+	require.Equal(t, []Holder{podA}, ix.model("m", false).holdersFromRoots(p, len(p)-1, nil), "past the depths a slot counts")
 
 	// A hole past the saturated depths: every block there is checked.
 	ix.Remove("m", podA, TierGPU, 0, p[metaDepthMax+100:metaDepthMax+101])
@@ -516,4 +519,47 @@ func TestMemoryBytesBoundsTheLiveHeapAtTheCap(t *testing.T) {
 	t.Logf("%d holdings, %.1f heap bytes each, HolderBlockBytes %d", st.HolderBlocks, float64(heap)/float64(st.HolderBlocks), HolderBlockBytes)
 	require.LessOrEqual(t, heap, int64(budget))
 	runtime.KeepAlive(ix)
+}
+
+// A lookup searches only the holders that start a chain at the prompt's
+// first block, however many other holders the model has, and its answers
+// stay those of every holder.
+func TestLookupSearchesOnlyHoldersStartingAChainAtTheFirstBlock(t *testing.T) {
+	ix := New(Config{})
+	p := chain(1, 64)
+	for i := range 500 {
+		h := Holder{Pod: fmt.Sprintf("bg-%d", i)}
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: chain(uint64(1000+i), 40)})
+	}
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: p[:10]})
+	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierCPU, Parent: ParentKey(p[9]), Keys: p[10:30]})
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierCPU, Keys: p[:1]})
+	ix.Store(Blocks{Model: "m", Holder: podB, Tier: TierCPU, Keys: p[1:50]})
+	// podC's store names an unknown parent: p[0] is held, unanchored.
+	ix.Store(Blocks{Model: "m", Holder: podC, Tier: TierGPU, Parent: ParentKey(p[0]), Keys: p[1:5]})
+	ix.Store(Blocks{Model: "m", Holder: podC, Tier: TierGPU, Keys: p[:1]})
+	ms := ix.model("m", false)
+	require.Len(t, ms.rootHolders(p[0]), 3)
+	require.ElementsMatch(t, []Holder{podA, podB}, ms.holdersFromRoots(p, 20, nil), "chains that start at p[9] and p[1]")
+	require.ElementsMatch(t, []Holder{podA, podB, podC}, ms.holdersFromRoots(p, 3, nil), "podA listed under p[0] for GPU only")
+
+	var res Result
+	ix.Lookup("m", p, &res)
+	require.Equal(t, map[Holder]Hit{
+		podA: {Holder: podA, Prefix: 30, Tiers: []TierPrefix{{TierGPU, 10}}},
+		podB: {Holder: podB, Prefix: 50, Tiers: []TierPrefix{{TierCPU, 50}}},
+		podC: {Holder: podC, Prefix: 5, Tiers: []TierPrefix{{TierGPU, 5}}},
+	}, hitsByHolder(&res))
+
+	// Rebuilt tables, cleared tiers and removed holders leave the roots.
+	ix.ClearHolder("m", podB, TierCPU)
+	ix.RemoveHolder(podC)
+	for i := range 2000 {
+		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: chain(uint64(5000+i), 4)})
+		ix.Remove("m", podA, TierGPU, 0, chain(uint64(5000+i), 4))
+	}
+	checkInvariants(t, ix, -1)
+	require.Len(t, ms.rootHolders(p[0]), 1)
+	ix.Lookup("m", p, &res)
+	require.Equal(t, map[Holder]Hit{podA: {Holder: podA, Prefix: 30, Tiers: []TierPrefix{{TierGPU, 10}}}}, hitsByHolder(&res))
 }

@@ -3,10 +3,14 @@ package index
 import "slices"
 
 // Lookup sets res.Hits to one Hit per holder of model that holds a
-// non-empty prefix of keys. keys must be a prompt's block keys in order,
-// each the child of the one before (as the hashing package returns them).
-// Lookup takes no lock, and with a reused res it does not allocate once
-// res has grown to the number of hits.
+// non-empty prefix of keys. keys must be a prompt's block keys in order
+// from its first block, each the child of the one before (as the hashing
+// package returns them). Lookup takes no lock, and with a reused res it
+// does not allocate once res has grown to the number of hits.
+//
+// Its cost follows the holders that start a chain at keys[0], not the
+// model's: the first block of a prompt has no parent, so every holder of
+// it has it at depth 0 and is listed under it in the model's roots.
 func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 	hits := res.Hits[:0]
 	ms := ix.model(model, false)
@@ -14,7 +18,7 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 		res.Hits = hits
 		return
 	}
-	for _, hs := range *ms.list.Load() {
+	for _, hs := range ms.rootHolders(keys[0]) {
 		tiers := hs.tierList()
 		if len(hits) < cap(hits) {
 			hits = hits[:len(hits)+1]
@@ -94,17 +98,79 @@ func extend(tiers []*tierState, names []string, keys []uint64, pos int) int {
 }
 
 // Holders appends to dst[:0] the holders of model that hold key in any tier.
+// It asks every holder of the model; HoldersAt, given the prompt before
+// the key, asks only those whose chains can reach it.
 func (ix *Index) Holders(model string, key uint64, dst []Holder) []Holder {
 	dst = dst[:0]
 	ms := ix.model(model, false)
 	if ms == nil {
 		return dst
 	}
-	for _, hs := range *ms.list.Load() {
-		for _, ts := range hs.tierList() {
-			if held(ts.tab.Load().get(key)) {
+	return appendHolders(dst, *ms.list.Load(), key)
+}
+
+func appendHolders(dst []Holder, list []*holderState, key uint64) []Holder {
+	for _, hs := range list {
+		if holds(hs, key) {
+			dst = append(dst, hs.h)
+		}
+	}
+	return dst
+}
+
+func holds(hs *holderState, key uint64) bool {
+	for _, ts := range hs.tierList() {
+		if held(ts.tab.Load().get(key)) {
+			return true
+		}
+	}
+	return false
+}
+
+// HoldersAt appends to dst[:0] the holders of model that hold keys[i] in
+// any tier, as Holders(model, keys[i], dst) does, for keys a chain from a
+// prompt's first block as for Lookup. Its cost follows the prompt's first
+// i+1 blocks and the holders that start a chain at one of them, or the
+// model's holders when they are fewer, rather than the model's holders:
+// a holder's chain through keys[i] in a tier starts at keys[i-d], d its
+// depth there, so the holder is in that key's roots.
+func (ix *Index) HoldersAt(model string, keys []uint64, i int, dst []Holder) []Holder {
+	dst = dst[:0]
+	if i < 0 || i >= len(keys) {
+		return dst
+	}
+	ms := ix.model(model, false)
+	if ms == nil {
+		return dst
+	}
+	if list := *ms.list.Load(); len(list) <= i+1 {
+		return appendHolders(dst, list, keys[i])
+	}
+	return ms.holdersFromRoots(keys, i, dst)
+}
+
+// holdersFromRoots is HoldersAt by the roots of keys[:i+1].
+func (ms *modelState) holdersFromRoots(keys []uint64, i int, dst []Holder) []Holder {
+	key := keys[i]
+	for j := range keys[:i+1] {
+		for _, hs := range ms.rootHolders(keys[j]) {
+			// hs is listed under the start of each of its tiers' chains
+			// through key; it is taken at the first. A depth past what a
+			// slot counts hides the start: then dst says whether hs was
+			// taken.
+			first, saturated := -1, false
+			for _, ts := range hs.tierList() {
+				m := ts.tab.Load().get(key)
+				switch {
+				case !held(m):
+				case depthOf(m) == metaDepthMax:
+					saturated = true
+				case first < 0 || i-depthOf(m) < first:
+					first = i - depthOf(m)
+				}
+			}
+			if saturated && !slices.Contains(dst, hs.h) || !saturated && first == j {
 				dst = append(dst, hs.h)
-				break
 			}
 		}
 	}

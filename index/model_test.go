@@ -331,8 +331,13 @@ func (w *workload) check(ix *Index, op int) {
 			names = []string{w.pc.tiers[rng.IntN(len(w.pc.tiers))]}
 		}
 		require.Equal(t, ref.run(model, h, q, start, names), ix.Run(model, h, q, start, names), "op %d run from %d in %v", op, start, names)
-		k := q[rng.IntN(len(q))]
+		ki := rng.IntN(len(q))
+		k := q[ki]
 		require.ElementsMatch(t, ref.holders(model, k), ix.Holders(model, k, nil), "op %d holders", op)
+		require.ElementsMatch(t, ref.holders(model, k), ix.HoldersAt(model, q, ki, nil), "op %d holders at %d", op, ki)
+		if ms := ix.model(model, false); ms != nil {
+			require.ElementsMatch(t, ref.holders(model, k), ms.holdersFromRoots(q, ki, nil), "op %d holders from roots at %d", op, ki)
+		}
 		w.searched += checkSearch(t, ix, model, q, start)
 	}
 }
@@ -456,8 +461,10 @@ func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
 // every holder: each anchor names a slot whose depth is one less, children
 // counts and the gap set match the held slots, the published gap list
 // matches the gap set (or is -1 past maxGaps), and every held slot is in
-// the eviction queue, so capacity can always be enforced.
+// the eviction queue, so capacity can always be enforced; and the roots
+// lookups start from (checkRoots).
 func checkInvariants(t *testing.T, ix *Index, op int) {
+	checkRoots(t, ix, op)
 	ix.models.Range(func(model string, ms *modelState) bool {
 		for _, hs := range *ms.list.Load() {
 			hs.mu.Lock()
@@ -521,6 +528,41 @@ func checkInvariants(t *testing.T, ix *Index, op int) {
 			}
 			hs.mu.Unlock()
 		}
+		return true
+	})
+}
+
+// checkRoots verifies the model's roots: each holder is listed under a key
+// exactly once while one of its tiers has a depth-0 slot for it, and only
+// then.
+func checkRoots(t *testing.T, ix *Index, op int) {
+	ix.models.Range(func(model string, ms *modelState) bool {
+		want := make(map[uint64]map[*holderState]int)
+		for _, hs := range *ms.list.Load() {
+			hs.mu.Lock()
+			for _, ts := range hs.tierList() {
+				tab := ts.tab.Load()
+				for i := range tab.slots {
+					if m := tab.slots[i].meta; m != 0 && depthOf(m) == 0 {
+						k := tab.slots[i].key
+						if want[k] == nil {
+							want[k] = make(map[*holderState]int)
+						}
+						want[k][hs] = 1
+					}
+				}
+			}
+			hs.mu.Unlock()
+		}
+		got := make(map[uint64]map[*holderState]int)
+		ms.roots.Range(func(k uint64, rs *rootSet) bool {
+			got[k] = make(map[*holderState]int)
+			for _, hs := range *rs.holders.Load() {
+				got[k][hs]++
+			}
+			return true
+		})
+		require.Equal(t, want, got, "op %d %s: roots", op, model)
 		return true
 	})
 }

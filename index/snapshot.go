@@ -321,7 +321,7 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 		}
 		ms := ix.model(name, true)
 		for range d.count(3) {
-			hs := decodeHolder(d, ix)
+			hs := decodeHolder(d, ix, ms)
 			if d.err != nil {
 				break
 			}
@@ -329,6 +329,7 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 				d.fail("holder %v of model %q twice", hs.h, name)
 				break
 			}
+			hs.listRoots()
 			ms.holders.Store(hs.h, hs)
 			next := append(*ms.list.Load(), hs)
 			ms.list.Store(&next)
@@ -359,9 +360,9 @@ type savedSlot struct {
 	ext    []int
 }
 
-func decodeHolder(d *decoder, ix *Index) *holderState {
+func decodeHolder(d *decoder, ix *Index, ms *modelState) *holderState {
 	h := d.holder()
-	hs := newHolderState(h, ix.capacityOf(h))
+	hs := newHolderState(ms, h, ix.capacityOf(h))
 	nt := d.count(2)
 	if nt > maxTiers {
 		d.fail("holder %v has %d tiers", h, nt)

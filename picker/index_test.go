@@ -39,9 +39,23 @@ func toIndex(b *bruteIndex, keys []uint64) *index.Index {
 // twice, over the reference index and over *index.Index, and requires the
 // same decisions and scores.
 func TestPickAndScoreAgreeOnRealIndex(t *testing.T) {
-	r := rand.New(rand.NewPCG(11, 12))
 	pods := []index.Holder{dst, peerA, peerB, peerC, {Pod: "10.0.0.2:8000", Rank: 1}}
-	for iter := range 300 {
+	checkPickAndScoreAgree(t, rand.New(rand.NewPCG(11, 12)), pods, 300)
+}
+
+// With more holders than the prompt has blocks, *index.Index finds a
+// block's holders from the prompt's roots (HoldersAt) rather than by
+// asking every holder; the decisions must not change.
+func TestPickAgreesOnRealIndexWithMoreHoldersThanBlocks(t *testing.T) {
+	pods := []index.Holder{dst}
+	for i := range 60 {
+		pods = append(pods, index.Holder{Pod: fmt.Sprintf("10.7.0.%d:8000", i%30), Rank: i / 30})
+	}
+	checkPickAndScoreAgree(t, rand.New(rand.NewPCG(13, 14)), pods, 100)
+}
+
+func checkPickAndScoreAgree(t *testing.T, r *rand.Rand, pods []index.Holder, iters int) {
+	for iter := range iters {
 		keys := seqKeys(1 + r.IntN(40))
 		b := newBrute()
 		for _, h := range pods {

@@ -324,7 +324,11 @@ func (p *Picker) PickContext(ctx context.Context, req Request) (Decision, error)
 		return d, nil
 	}
 
-	s.hold = p.idx.Holders(req.Model, keys[l], s.hold)
+	if p.holdersAt != nil {
+		s.hold = p.holdersAt.HoldersAt(req.Model, keys, l, s.hold)
+	} else {
+		s.hold = p.idx.Holders(req.Model, keys[l], s.hold)
+	}
 	for _, h := range s.hold {
 		if h == req.Destination {
 			continue

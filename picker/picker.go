@@ -181,9 +181,17 @@ type Request struct {
 	Rand *rand.Rand
 }
 
+// holdersAt is what an index that finds a block's holders from the prompt
+// before it implements (*index.Index does): Pick then asks it instead of
+// Holders, at a cost that follows the prompt rather than the fleet.
+type holdersAt interface {
+	HoldersAt(model string, keys []uint64, i int, dst []index.Holder) []index.Holder
+}
+
 // Picker scores holders and decides pulls. It is safe for concurrent use.
 type Picker struct {
 	idx         Index
+	holdersAt   holdersAt
 	hasher      *hashing.Hasher
 	hashCache   *hashing.Cache
 	blockSize   int
@@ -232,6 +240,7 @@ func New(cfg Config) (*Picker, error) {
 		return nil, ErrNoIndex
 	}
 	p := &Picker{idx: cfg.Index, hasher: cfg.Hasher, hashCache: cfg.HashCache, cost: cfg.Cost, minSaving: cfg.MinSavingMillis, sources: cfg.Sources}
+	p.holdersAt, _ = cfg.Index.(holdersAt)
 	p.blockSize = cfg.BlockSize
 	if p.blockSize <= 0 {
 		p.blockSize = DefaultBlockSize
