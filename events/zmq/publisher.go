@@ -66,10 +66,13 @@ type PublisherConfig struct {
 	// Drop, for tests, reports whether batch seq is kept from the live
 	// stream (it stays in the replay buffer), simulating a lost message.
 	Drop func(seq uint64) bool
+	// FirstSeq is the first batch's sequence number: 0 as vLLM and SGLang
+	// number; TensorRT-LLM starts at its start time in nanoseconds.
+	FirstSeq uint64
 }
 
 // Publisher is a vLLM-compatible KV-event publisher: a PUB socket sending
-// [topic, seq, payload] with seq counting from 0, and an optional ROUTER
+// [topic, seq, payload] with seq counting from 0 (or FirstSeq), and an optional ROUTER
 // replay socket. It is safe for concurrent use.
 //
 // Like every ZMQ publisher it drops what it sends before a subscriber's
@@ -140,7 +143,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		pub.Close()
 		return nil, fmt.Errorf("events/zmq: publisher endpoint %s: %w", endpoint, err)
 	}
-	p := &Publisher{cfg: cfg, pub: pub, addr: endpoint, ring: make([]ringEntry, cfg.BufferSteps), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Publisher{cfg: cfg, pub: pub, addr: endpoint, seq: cfg.FirstSeq, ring: make([]ringEntry, cfg.BufferSteps), stop: make(chan struct{}), done: make(chan struct{})}
 	if cfg.Bind != "" {
 		if a, err := pub.GetLastEndpoint(); err == nil {
 			p.addr = a
