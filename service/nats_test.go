@@ -128,6 +128,28 @@ func TestServeReplicaAnswersAsTheRelayDoes(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.NoError(t, json.Unmarshal(body, &pods))
 	require.Equal(t, "disconnected", pods.Pods[0].State)
+
+	// A fresh, empty engine on the dead one's address (a container
+	// restart) inherits nothing on the replica either: no pull source
+	// before it publishes, and its first batch (a sequence from 0) clears
+	// the dead one's blocks.
+	pub, err = zmq.NewPublisher(zmq.PublisherConfig{Bind: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@10.0.0.1:8000@m"})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	require.Eventually(t, func() bool { return podsByHolder(t, replicaURL)[h0].State == "reconnected" }, 10*time.Second, 10*time.Millisecond,
+		"the replica never saw the relay's holder reconnect")
+	require.NotEqual(t, "pull", pick().Reason, "the replica pulled from a restarted engine that has not published")
+	other := []uint64{keys[0] + 1}
+	require.Eventually(t, func() bool {
+		_, err := pub.Publish(&events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored, BlockHashes: other, BlockSize: hashing.DefaultBlockSize, Medium: "CPU"}}})
+		require.NoError(t, err)
+		return podsByHolder(t, replicaURL)[h0].State == "live"
+	}, 10*time.Second, 50*time.Millisecond)
+	d := pick()
+	require.NotEqual(t, "pull", d.Reason, "the restarted engine's first batch cleared the dead one's blocks")
+	for _, p := range score(replicaURL).Pods {
+		require.Zero(t, p.MatchedBlocks)
+	}
 }
 
 func TestServeRejectsNATSFlagsThatCannotWork(t *testing.T) {
