@@ -156,13 +156,28 @@ func (ix *Index) encode(e *encoder, seqs map[Holder]uint64, only bool) {
 // encode writes the holder; a holder removed meanwhile is written empty.
 func (hs *holderState) encode(e *encoder) {
 	e.holder(hs.h)
-	tiers := hs.tierList()
+	all := hs.tierList()
 	if hs.dead {
-		tiers = nil
+		all = nil
+	}
+	// A speculative entry is a guess about the next seconds: it is not
+	// saved. newTier maps a tier's index to its index in the file, -1 for
+	// one left out.
+	newTier := make([]int, len(all))
+	var tiers []*tierState
+	for ti, ts := range all {
+		newTier[ti] = -1
+		if ts.name != TierSpeculative {
+			newTier[ti] = len(tiers)
+			tiers = append(tiers, ts)
+		}
 	}
 	e.uvarint(uint64(len(tiers)))
-	saved := make([][]uint32, len(tiers))
-	for ti, ts := range tiers {
+	saved := make([][]uint32, len(all))
+	for ti, ts := range all {
+		if newTier[ti] < 0 {
+			continue
+		}
 		t := ts.tab.Load()
 		marks, _ := ts.ancestors(t, nil)
 		// marks become saved indices + 1, for held slots too.
@@ -205,10 +220,19 @@ func (hs *holderState) encode(e *encoder) {
 		return
 	}
 	hs.compact()
-	e.uvarint(uint64(len(hs.fifoSlot)))
+	n := 0
+	for r := range hs.fifoSlot {
+		if newTier[hs.fifoTier[r]] >= 0 {
+			n++
+		}
+	}
+	e.uvarint(uint64(n))
 	for r := range hs.fifoSlot {
 		ti := hs.fifoTier[r]
-		e.raw([]byte{ti})
+		if newTier[ti] < 0 {
+			continue
+		}
+		e.raw([]byte{byte(newTier[ti])})
 		e.uvarint(uint64(saved[ti][hs.fifoSlot[r]] - 1))
 	}
 }

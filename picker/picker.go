@@ -82,7 +82,9 @@ type Config struct {
 	// BlockSize is the number of tokens per block, used to express gains in
 	// tokens. Default: the Hasher's block size, else DefaultBlockSize.
 	BlockSize int
-	// Weights are the per-tier weights of Score. Default: GPU 1.0, CPU 0.8.
+	// Weights are the per-tier weights of Score. Default: GPU 1.0, CPU 0.8,
+	// and speculative 1.0 (index.TierSpeculative: blocks a request just
+	// routed there is computing into the GPU).
 	// A tier without a weight counts as the lowest weight given.
 	Weights map[string]float64
 	// PullTiers are the tiers a source can serve a pull from. Default: CPU
@@ -253,7 +255,7 @@ func New(cfg Config) (*Picker, error) {
 	}
 	w := cfg.Weights
 	if len(w) == 0 {
-		w = map[string]float64{index.TierGPU: 1.0, index.TierCPU: 0.8}
+		w = map[string]float64{index.TierGPU: 1.0, index.TierCPU: 0.8, index.TierSpeculative: 1.0}
 	}
 	p.minWeight = -1
 	for t, v := range w {
