@@ -118,6 +118,14 @@ type Config struct {
 	// for the engines' sockets and snapshot saves (see conns.go); zero:
 	// DefaultMaxConnections.
 	MaxConnections int
+	// SpeculativeTTL, when positive, records each pick's prompt on its
+	// destination at once as speculative blocks (index.Speculative) that
+	// score until the engine's own events replace them or the TTL passes
+	// (llm-d's speculativeTTL is 2 s), so that a burst on a new prefix
+	// follows the first request instead of spreading; zero: off.
+	// SpeculativeMemory bounds them; zero: index.DefaultSpeculativeBytes.
+	SpeculativeTTL    time.Duration
+	SpeculativeMemory int64
 	// NATS is the scale-out role; zero: standalone.
 	NATS NATSConfig
 	Limits
@@ -332,6 +340,8 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", DefaultReadTimeout, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", DefaultWriteTimeout, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", DefaultIdleTimeout, "how long an idle keep-alive connection stays open")
+	fs.DurationVar(&cfg.SpeculativeTTL, "speculative-ttl", 0, "record each pick's prompt on its destination as speculative blocks that score (never a pull source) until the engine's events replace them or this passes; llm-d uses 2s (0: off)")
+	fs.Var((*sizeFlag)(&cfg.SpeculativeMemory), "speculative-memory", "memory bound of the speculative blocks (0: 16MiB)")
 	fs.IntVar(&cfg.MaxConnections, "http-max-connections", DefaultMaxConnections, "HTTP connections open at once; at the bound idle ones are closed first, and with none idle a new one is refused (keep it well below the descriptor limit: engines' sockets and snapshot saves need some)")
 	cfg.NATS.register(fs)
 	cfg.Limits.flags(fs)
@@ -423,6 +433,12 @@ func (c *Config) Validate() error {
 		if d.v <= 0 {
 			return fmt.Errorf("%s must be positive, got %v", d.name, d.v)
 		}
+	}
+	if c.SpeculativeTTL < 0 || c.SpeculativeMemory < 0 {
+		return fmt.Errorf("--speculative-ttl and --speculative-memory must not be negative")
+	}
+	if c.SpeculativeTTL > 0 && c.NATS.Role == RoleReplica {
+		return fmt.Errorf("--speculative-ttl: a replica's index is the stream's; record speculative blocks on a standalone service")
 	}
 	if c.MaxConnections < 1 {
 		return fmt.Errorf("--http-max-connections must be at least 1, got %d", c.MaxConnections)

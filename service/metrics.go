@@ -26,6 +26,18 @@ func (s *Service) initMetrics() {
 		Name: "kvsource_pick_pulled_blocks_total", Help: "Blocks that pick decisions told destinations to pull.",
 	})
 	s.reg.MustRegister(s.requests, s.decisions, s.pulled, &statsCollector{s: s}, hashCacheCollector{s.hashCache})
+	if sp := s.spec; sp != nil {
+		s.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_speculative_recorded_total", Help: "Picks whose prompt was recorded on the destination as speculative blocks."},
+				func() float64 { return float64(sp.Stats().Recorded) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_speculative_expired_total", Help: "Speculative entries removed for --speculative-ttl or --speculative-memory."},
+				func() float64 { return float64(sp.Stats().Expired) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_speculative_replaced_total", Help: "Engine stores and evictions that took blocks out of a holder's speculative tier."},
+				func() float64 { return float64(sp.Stats().Replaced) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_speculative_bytes", Help: "Bytes of the speculative entries kept, bounded by --speculative-memory."},
+				func() float64 { return float64(sp.Stats().Bytes) }),
+		)
+	}
 }
 
 // statsCollector exports the subscriber's and the index's counters as they

@@ -50,7 +50,8 @@ type Service struct {
 	handler  http.Handler
 	http     *http.Server
 	conns    *connLimit
-	render   *renderer // nil without RenderURL
+	render   *renderer          // nil without RenderURL
+	spec     *index.Speculative // nil without SpeculativeTTL
 	started  bool
 	stopSub  context.CancelFunc
 	subDone  chan error
@@ -93,7 +94,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	} else if s.idx, s.snapSeqs, err = s.loadSnapshot(indexConfig(cfg, log)); err != nil {
 		return nil, err
 	}
-	ecfg := events.Config{Sink: s.idx, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
+	var sink events.Sink = s.idx
+	if cfg.SpeculativeTTL > 0 {
+		s.spec = index.NewSpeculative(s.idx, index.SpeculativeConfig{TTL: cfg.SpeculativeTTL, MaxBytes: cfg.SpeculativeMemory})
+		sink = s.spec // the engines' events replace the guesses
+	}
+	ecfg := events.Config{Sink: sink, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
 		SenderCheckHint: "--events-allow NETWORK for pods named by DNS names (a pod named by an IP publishes from that IP only), or --events-no-sender-check where every peer that reaches the port is trusted",
 		ReplayDeadline:  cfg.ReplayDeadline, QueueBytes: cfg.EventsQueueMemory, Tap: s.nats.tap(), SnapshotExpiry: cfg.SnapshotExpiry, MaxHolders: cfg.EventsMaxHolders,
 		MaxHoldersPerSender: cfg.EventsPodsPerSender, LogBudget: cfg.EventsLogBudget}
@@ -202,6 +208,9 @@ func (s *Service) Start(ctx context.Context) error {
 	s.nats.start(subCtx, s.sub.Status)
 	s.startSnapshots(subCtx)
 	s.render.warm(subCtx, s)
+	if s.spec != nil {
+		go func() { _ = s.spec.Run(subCtx) }()
+	}
 	s.log.Info("kvsource serve: started", "bind", s.cfg.EventsBind,
 		"connect", len(s.cfg.EventsConnect), "keys", s.cfg.Keys, "algo", s.hasher.Config().Algo, "block_size", s.hasher.Config().BlockSize)
 	return nil
@@ -394,6 +403,22 @@ func (s *Service) instrument(path string, h func(http.ResponseWriter, *http.Requ
 	}
 }
 
+// speculate records prompt's blocks on the pick's destination, which is
+// about to compute them (see Config.SpeculativeTTL). The picker hashed the
+// prompt already: with the hash cache this is a lookup.
+func (s *Service) speculate(model string, dest index.Holder, prompt hashing.Request) {
+	var keys []uint64
+	var err error
+	if s.hashCache != nil {
+		keys, err = s.hashCache.BlockKeys(s.hasher, nil, prompt)
+	} else {
+		keys, err = s.hasher.BlockKeys(nil, prompt)
+	}
+	if err == nil {
+		s.spec.Record(model, dest, keys)
+	}
+}
+
 // noBody is a handler of a GET for instrument.
 func noBody(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request, *bodyBuf) error {
 	return func(w http.ResponseWriter, r *http.Request, _ *bodyBuf) error { return h(w, r) }
@@ -550,6 +575,9 @@ func (s *Service) handlePick(w http.ResponseWriter, r *http.Request, b *bodyBuf)
 	}
 	s.decisions.WithLabelValues(string(d.Reason)).Inc()
 	s.pulled.Add(float64(d.Gain))
+	if s.spec != nil {
+		s.speculate(req.Model, preq.Destination, prompt)
+	}
 	a := pickAnswer{d: &d, saving: s.cfg.Calibration != ""}
 	if d.Reason == picker.ReasonPull {
 		// The consumer engine keys its pull session with the producer by
