@@ -153,7 +153,7 @@ func (s *Speculative) expireLocked(now time.Time, need int64) {
 
 // Run expires entries every quarter TTL until ctx is done.
 func (s *Speculative) Run(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.TTL / 4)
+	t := time.NewTicker(max(s.cfg.TTL/4, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

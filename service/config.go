@@ -232,7 +232,7 @@ func (c *Config) setDefaults() {
 		c.EventsQueueMemory = max(DefaultEventsQueueMemory, c.EventsMaxMessage)
 	}
 	if c.MaxBodyMemory == 0 {
-		c.MaxBodyMemory = max(DefaultMaxBodyMemory, 2*bodyLimit(c.MaxTokens))
+		c.MaxBodyMemory = defaultMaxBodyMemory(c.MaxInflight, c.MaxTokens)
 	}
 	if c.KeptPullsMemory == 0 {
 		c.KeptPullsMemory = DefaultKeptPullsMemory

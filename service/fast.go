@@ -62,8 +62,8 @@ func putBuf(b *bodyBuf) {
 }
 
 // readBody reads r's body, which admit bounds, into b.body[:0], counting
-// its bytes against --max-body-memory as they arrive; the caller releases
-// them (b.held) when it is done with the body.
+// it against --max-body-memory as the bytes arrive; the caller releases
+// what it counted (b.held) when it is done with the body.
 func (s *Service) readBody(r *http.Request, b *bodyBuf) error {
 	buf := b.body[:0]
 	if r.ContentLength > 0 && r.ContentLength < int64(cap(buf)) {
@@ -83,13 +83,17 @@ func (s *Service) readBody(r *http.Request, b *bodyBuf) error {
 			buf = slices.Grow(buf, grow)
 		}
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
-		if n > 0 {
-			if !s.reserveBody(int64(n)) {
+		buf = buf[:len(buf)+n]
+		// Counted as a buffer grown for the bytes received would be, by
+		// doubling: the memory a body holds, not just its bytes, and no
+		// more for a buffer the pool lent with room to spare.
+		if got := int64(len(buf)); got > b.held {
+			want := max(512, 2*b.held, got)
+			if !s.reserveBody(want - b.held) {
 				return errBodyMemory
 			}
-			b.held += int64(n)
+			b.held = want
 		}
-		buf = buf[:len(buf)+n]
 		if errors.Is(err, io.EOF) {
 			return nil
 		}

@@ -42,8 +42,8 @@ type Limits struct {
 	// /v1/score and /v1/pick follows from it.
 	MaxTokens int
 	// MaxBodyMemory bounds the bytes of the request bodies being read and
-	// served at once; zero: DefaultMaxBodyMemory, or two bodies of
-	// MaxTokens when that is more.
+	// served at once; zero: MaxInflight bodies of MaxTokens (at least
+	// two), the bound the slots alone kept when bodies were read in them.
 	MaxBodyMemory int64
 }
 
@@ -68,9 +68,12 @@ const (
 	smallBodyLimit = 64 << 10
 	// retryAfter is the Retry-After, in seconds, of a 503.
 	retryAfter = "1"
-	// DefaultMaxBodyMemory is --max-body-memory's default.
-	DefaultMaxBodyMemory = 256 << 20
 )
+
+// defaultMaxBodyMemory is MaxBodyMemory's default for the other limits.
+func defaultMaxBodyMemory(maxInflight, maxTokens int) int64 {
+	return int64(max(2, maxInflight)) * bodyLimit(maxTokens)
+}
 
 // DefaultMaxInflight is --max-inflight-requests' default: two
 // requests per core keep every core busy while one request of each pair
@@ -88,8 +91,7 @@ func (l *Limits) flags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxInflight, "max-inflight-requests", DefaultMaxInflight(), "requests to /v1/score, /v1/pick and /v1/pods served at once; beyond, 503 with Retry-After; twice GOMAXPROCS unless set")
 	fs.DurationVar(&l.RequestTimeout, "request-timeout", DefaultRequestTimeout, "deadline of one request, body, hashing and lookup included; past it, 503; less than --http-write-timeout")
 	fs.IntVar(&l.MaxTokens, "max-tokens", DefaultMaxTokens, "most tokens per prompt; more is answered 413, and bodies are bounded to 12 bytes a token plus 1 MiB")
-	l.MaxBodyMemory = DefaultMaxBodyMemory
-	fs.Var((*sizeFlag)(&l.MaxBodyMemory), "max-body-memory", "bytes of request bodies read and served at once, counted as they arrive; past it, 503 with Retry-After (at least two bodies of --max-tokens)")
+	fs.Var((*sizeFlag)(&l.MaxBodyMemory), "max-body-memory", "bytes of request bodies read and served at once, counted as they arrive; past it, 503 with Retry-After (at least two bodies of --max-tokens; 0: --max-inflight-requests bodies of --max-tokens)")
 }
 
 // check validates the limits against the server's write timeout: a request
@@ -102,7 +104,9 @@ func (l *Limits) check(writeTimeout time.Duration) error {
 		return fmt.Errorf("--max-tokens must be at least 1, got %d", l.MaxTokens)
 	case l.RequestTimeout <= 0:
 		return fmt.Errorf("--request-timeout must be positive, got %v", l.RequestTimeout)
-	case l.MaxBodyMemory < 2*bodyLimit(l.MaxTokens):
+	case l.MaxBodyMemory < 0:
+		return fmt.Errorf("--max-body-memory must not be negative, got %d", l.MaxBodyMemory)
+	case l.MaxBodyMemory > 0 && l.MaxBodyMemory < 2*bodyLimit(l.MaxTokens):
 		return fmt.Errorf("--max-body-memory (%s) must hold two bodies of --max-tokens (%s each)", formatSize(l.MaxBodyMemory), formatSize(bodyLimit(l.MaxTokens)))
 	case l.RequestTimeout >= writeTimeout:
 		return fmt.Errorf("--request-timeout (%v) must be less than --http-write-timeout (%v), or a late answer is cut off", l.RequestTimeout, writeTimeout)

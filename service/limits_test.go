@@ -24,10 +24,10 @@ import (
 func TestServeLimitFlagsDefaultAndValidate(t *testing.T) {
 	cfg, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, Limits{MaxInflight: 2 * runtime.GOMAXPROCS(0), RequestTimeout: 5 * time.Second, MaxTokens: 1 << 20, MaxBodyMemory: 256 << 20}, cfg.Limits)
+	require.Equal(t, Limits{MaxInflight: 2 * runtime.GOMAXPROCS(0), RequestTimeout: 5 * time.Second, MaxTokens: 1 << 20}, cfg.Limits)
 	cfg, err = parseFlags([]string{"--max-inflight-requests", "3", "--request-timeout", "250ms", "--max-tokens", "4096"}, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, Limits{MaxInflight: 3, RequestTimeout: 250 * time.Millisecond, MaxTokens: 4096, MaxBodyMemory: 256 << 20}, cfg.Limits)
+	require.Equal(t, Limits{MaxInflight: 3, RequestTimeout: 250 * time.Millisecond, MaxTokens: 4096}, cfg.Limits)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -156,6 +156,7 @@ func TestServeRefusesTooManyTokensAndOversizeBodiesWith413(t *testing.T) {
 
 func TestServeAnswers503WithRetryAfterBeyondTheRequestsInFlight(t *testing.T) {
 	s, base := startServe(t, "--max-inflight-requests", "1")
+	require.Equal(t, 2*bodyLimit(DefaultMaxTokens), s.cfg.MaxBodyMemory, "by default two bodies of --max-tokens, at least")
 	// A request at work holds the one slot.
 	s.lim.slots <- struct{}{}
 	for _, path := range []string{"/v1/score", "/v1/pick"} {
@@ -235,6 +236,8 @@ func TestServeSlowBodiesHoldNoSlotAFastClientNeeds(t *testing.T) {
 }
 
 func TestServeBoundsTheBodiesBeingReadByMaxBodyMemory(t *testing.T) {
+	// Two bodies of 1 MiB sent so far (chunked, their length unknown) fit
+	// in 3 MiB, counted as the buffers grown for them; a third does not.
 	s, base := startServe(t, "--max-tokens", "1000", "--max-body-memory", "3MiB", "--request-timeout", "25s")
 	chunk := `{"model":"m","tokens_b64":"` + strings.Repeat("A", 1<<20) // 1 MiB sent, the body not done
 	var finishes []func(string)
@@ -244,7 +247,7 @@ func TestServeBoundsTheBodiesBeingReadByMaxBodyMemory(t *testing.T) {
 		finishes, statuses = append(finishes, finish), append(statuses, status)
 	}
 	require.Eventually(t, func() bool { return s.lim.bodyBytes.Load() >= 2<<20 }, 10*time.Second, 5*time.Millisecond)
-	// A third megabyte does not fit beside them: 503, as an overload.
+	// A third does not fit beside them: 503, as an overload.
 	finish, status := slowBody(t, base+"/v1/score", chunk)
 	finish("")
 	require.Equal(t, http.StatusServiceUnavailable, <-status)
