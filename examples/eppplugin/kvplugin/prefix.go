@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsource/kvsource/events"
@@ -32,11 +33,15 @@ type PrefixConfig struct {
 	TokenProcessorConfig *TokenProcessorConfig `json:"tokenProcessorConfig"`
 	IndexerConfig        *IndexerConfig        `json:"indexerConfig"`
 	KVEventsConfig       *KVEventsConfig       `json:"kvEventsConfig"`
-	// SpeculativeIndexing must be false: kvsource does not index routing
-	// decisions ahead of the engines' events.
+	// SpeculativeIndexing records each routed request's blocks on the pods
+	// chosen for it (PreRequest), in tier index.TierSpeculative, so that
+	// the requests that follow it on the same prefix see them before the
+	// engine's KV events arrive; default false, upstream's.
 	SpeculativeIndexing bool `json:"speculativeIndexing"`
-	// SpeculativeTTL is accepted for configurations that set it; it has
-	// no effect without SpeculativeIndexing. A malformed one is an error.
+	// SpeculativeTTL is how long a speculative entry lasts unless the
+	// engine's own events replace it first, a Go duration; default "2s",
+	// upstream's, which zero or a negative one also means. A malformed one
+	// is an error.
 	SpeculativeTTL string `json:"speculativeTTL"`
 	// HashAlgo is the engines' --prefix-caching-hash-algo ("sha256",
 	// "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_cbor_64bit");
@@ -144,6 +149,7 @@ func DefaultPrefixConfig() PrefixConfig {
 			DiscoverPods:       true,
 			PodDiscoveryConfig: &PodDiscoveryConfig{SocketPort: 5557},
 		},
+		SpeculativeTTL: index.DefaultSpeculativeTTL.String(),
 	}
 }
 
@@ -160,11 +166,18 @@ type PrefixProducer struct {
 	promptKey string
 	hasher    *hashing.Hasher
 	idx       *index.Index
+	spec      *index.Speculative // nil without speculativeIndexing
+	specTTL   time.Duration      // spec's TTL
 	scorer    *picker.Picker
 	sub       Subscription
 	discovery *PodDiscoveryConfig
 	engine    events.Engine // kvEventsConfig.engineType
 	log       *slog.Logger
+
+	// sourced is set once a source producer reads this producer: it then
+	// records the speculative entries after its own decision, so that a
+	// request's entries on its computing pod never count against its pull.
+	sourced atomic.Bool
 
 	mu   sync.Mutex
 	pods map[types.NamespacedName]index.Holder // discovered endpoints' holders
@@ -172,6 +185,7 @@ type PrefixProducer struct {
 
 var (
 	_ requestcontrol.DataProducer = (*PrefixProducer)(nil)
+	_ requestcontrol.PreRequest   = (*PrefixProducer)(nil)
 	_ plugin.ConsumerPlugin       = (*PrefixProducer)(nil)
 	_ datalayer.EndpointExtractor = (*PrefixProducer)(nil)
 )
@@ -196,23 +210,30 @@ func PrefixFactory(subscribe SubscribeFunc) plugin.FactoryFunc {
 		if err := p.subscribe(handle.Context(), cfg.KVEventsConfig, subscribe); err != nil {
 			return nil, err
 		}
+		if p.spec != nil {
+			// Expiry, like the subscription, lasts as long as the EPP.
+			go func() { _ = p.spec.Run(handle.Context()) }()
+		}
 		return p, nil
 	}
 }
 
 // NewPrefixProducer returns a prefix producer reading idx (nil: a new
 // index bounded as cfg says), without a KV event subscription: the factory
-// adds it, a test or embedding program feeds idx itself.
+// adds it, a test or embedding program feeds idx itself (through
+// Speculative with speculativeIndexing, and runs its expiry).
 func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*PrefixProducer, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s %q: %s", ErrConfig, PrefixProducerType, name, fmt.Sprintf(format, args...))
 	}
-	if cfg.SpeculativeIndexing {
-		return nil, bad("speculativeIndexing is not supported")
-	}
+	specTTL := index.DefaultSpeculativeTTL
 	if cfg.SpeculativeTTL != "" {
-		if _, err := time.ParseDuration(cfg.SpeculativeTTL); err != nil {
-			return nil, bad("speculativeTTL: %v", err)
+		d, err := time.ParseDuration(cfg.SpeculativeTTL)
+		if err != nil {
+			return nil, bad("speculativeTTL %q is not a duration: %v", cfg.SpeculativeTTL, err)
+		}
+		if d > 0 {
+			specTTL = d
 		}
 	}
 	tp := TokenProcessorConfig{BlockSizeTokens: hashing.DefaultBlockSize}
@@ -270,7 +291,13 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		if b == nil || b.Name == "" || b.Weight < 0 {
 			return nil, bad("kvCacheBackendConfigs: every entry needs a name and a non-negative weight")
 		}
-		weights[strings.ToUpper(b.Name)] = b.Weight
+		weights[tierOf(b.Name)] = b.Weight
+	}
+	if _, ok := weights[index.TierSpeculative]; cfg.SpeculativeIndexing && !ok {
+		// Upstream weighs a tier without a configured weight 1, as the GPU
+		// blocks a routed request is computing; kvsource's picker would
+		// weigh it as the lowest configured tier.
+		weights[index.TierSpeculative] = 1
 	}
 	if idx == nil {
 		idx = index.New(index.Config{MaxHolderBlocks: mem.Size})
@@ -290,6 +317,9 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		log:       slog.Default().With("plugin", PrefixProducerType, "name", name),
 		engine:    engine,
 		pods:      map[types.NamespacedName]index.Holder{},
+	}
+	if cfg.SpeculativeIndexing {
+		p.spec, p.specTTL = index.NewSpeculative(idx, index.SpeculativeConfig{TTL: specTTL}), specTTL
 	}
 	if kv := cfg.KVEventsConfig; kv != nil && kv.DiscoverPods && kv.PodDiscoveryConfig != nil {
 		d := *kv.PodDiscoveryConfig
@@ -311,8 +341,12 @@ func (p *PrefixProducer) subscribe(ctx context.Context, cfg *KVEventsConfig, sub
 		return fmt.Errorf("%w: %s %q: kvEventsConfig asks for KV events but the plugins were registered without a subscription (kvplugin.Register(zmqevents.Subscribe))",
 			ErrConfig, PrefixProducerType, p.typedName.Name)
 	}
+	var sink events.Sink = p.idx
+	if p.spec != nil {
+		sink = p.spec
+	}
 	sub, err := subscribe(SubscriptionConfig{
-		Index: p.idx, Hasher: p.hasher, Bind: cfg.ZMQEndpoint, TopicFilter: cfg.TopicFilter,
+		Index: p.idx, Sink: sink, Hasher: p.hasher, Bind: cfg.ZMQEndpoint, TopicFilter: cfg.TopicFilter,
 		Workers: cfg.Concurrency, Logger: p.log, Engine: p.engine,
 	})
 	if err != nil {
@@ -344,6 +378,11 @@ func (p *PrefixProducer) TypedName() plugin.TypedName { return p.typedName }
 // Index returns the index the producer reads.
 func (p *PrefixProducer) Index() *index.Index { return p.idx }
 
+// Speculative returns the producer's speculative entries, nil without
+// speculativeIndexing: the Sink its index is fed through, whose Run
+// expires them.
+func (p *PrefixProducer) Speculative() *index.Speculative { return p.spec }
+
 // Hasher returns the hasher requests are keyed with.
 func (p *PrefixProducer) Hasher() *hashing.Hasher { return p.hasher }
 
@@ -368,6 +407,9 @@ type prompt struct {
 	keys    []uint64
 	metas   []*datalayer.EndpointMetadata // per endpoint
 	holders []index.Holder                // per endpoint; zero for one without metadata
+	// speculated is set once the keys are recorded as speculative, so a
+	// request is recorded once however many PreRequest hooks run.
+	speculated atomic.Bool
 }
 
 // holderAt returns the holder of endpoint i of a list the source producer
@@ -485,6 +527,15 @@ func (a *match) add(s *picker.Score) {
 	}
 }
 
+// tierOf is the index tier of a tier name as llm-d writes it: vLLM's
+// upper-case, the speculative tier as the index names it.
+func tierOf(name string) string {
+	if t := strings.ToUpper(name); t != strings.ToUpper(index.TierSpeculative) {
+		return t
+	}
+	return index.TierSpeculative
+}
+
 // lowerTier is a tier's name as llm-d writes it, without allocating for
 // vLLM's two.
 func lowerTier(t string) string {
@@ -500,6 +551,47 @@ func lowerTier(t string) string {
 // promptOf returns the keys Produce stashed on a single-prompt request.
 func (p *PrefixProducer) promptOf(request *scheduling.InferenceRequest) (*prompt, bool) {
 	return scheduling.ReadRequestAttribute[*prompt](request, p.promptKey)
+}
+
+// PreRequest implements requestcontrol.PreRequest: with speculativeIndexing,
+// the request's block keys become speculative entries of the primary
+// profile's first target and, under P/D, of profile "prefill"'s (upstream's
+// fixed name). When a source producer reads this producer, it records them
+// instead, after its pull decision. It never fails the request.
+func (p *PrefixProducer) PreRequest(_ context.Context, request *scheduling.InferenceRequest, res *scheduling.SchedulingResult) error {
+	if !p.sourced.Load() {
+		p.speculate(request, res)
+	}
+	return nil
+}
+
+// speculate records a scheduled request's keys as speculative blocks of
+// the pods chosen for it, once per request.
+func (p *PrefixProducer) speculate(request *scheduling.InferenceRequest, res *scheduling.SchedulingResult) {
+	if p.spec == nil || request == nil || res == nil {
+		return
+	}
+	pr, ok := p.promptOf(request)
+	if !ok || !pr.speculated.CompareAndSwap(false, true) {
+		return
+	}
+	var done index.Holder
+	for i, profile := range [2]string{res.PrimaryProfileName, defaultPrefillProfile} {
+		r := res.ProfileResults[profile]
+		if r == nil || len(r.TargetEndpoints) == 0 || r.TargetEndpoints[0] == nil {
+			continue
+		}
+		md := r.TargetEndpoints[0].GetMetadata()
+		if md == nil {
+			continue
+		}
+		h := holderOf(md)
+		if i == 1 && h == done {
+			continue
+		}
+		p.spec.Record(pr.model, h, pr.keys)
+		done = h
+	}
 }
 
 // Extract implements datalayer.EndpointExtractor: a discovered endpoint's

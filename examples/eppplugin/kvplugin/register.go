@@ -53,8 +53,12 @@ type Subscription interface {
 
 // SubscriptionConfig is what a Subscription is built from.
 type SubscriptionConfig struct {
-	// Index receives the events.
+	// Index is the index the events are for.
 	Index *index.Index
+	// Sink, when set, receives the events in Index's place: the prefix
+	// producer's index.Speculative with speculativeIndexing, so that the
+	// engines' events replace its entries.
+	Sink events.Sink
 	// Hasher is the request side's hasher. With hashing.Content it keys the
 	// index by content (events are re-keyed from their token ids);
 	// otherwise the index holds the engines' keys and Hasher checks that
