@@ -6,7 +6,11 @@
 // every pod's KV cache, fed by the pods' KV events, and writes each
 // candidate endpoint's PrefixCacheMatchInfo: the data shape upstream's
 // prefix-cache-scorer and p2p-source-producer read, cached blocks by tier
-// included. It learns pods from endpoint lifecycle events.
+// included. It learns pods from endpoint lifecycle events. With
+// speculativeIndexing it also records each scheduled request's blocks on
+// the pods chosen for it, as index.TierSpeculative entries that the next
+// requests on the prefix score at once, until the engines' own events
+// replace them or their TTL passes.
 //
 // SourceProducer (type kvsource-p2p-source-producer) decides, after
 // scheduling, whether the pod computing the prompt should pull its missing
