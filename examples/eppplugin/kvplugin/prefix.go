@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/datalayer"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/plugin"
@@ -211,11 +213,56 @@ func PrefixFactory(subscribe SubscribeFunc) plugin.FactoryFunc {
 			return nil, err
 		}
 		if p.spec != nil {
+			if m := handle.Metrics(); m != nil {
+				if err := registerSpeculativeMetrics(m, name, p.spec); err != nil {
+					return nil, fmt.Errorf("%s %q: registering metrics: %w", PrefixProducerType, name, err)
+				}
+			}
 			// Expiry, like the subscription, lasts as long as the EPP.
 			go func() { _ = p.spec.Run(handle.Context()) }()
 		}
 		return p, nil
 	}
+}
+
+// registerSpeculativeMetrics exports spec's counters: how many requests
+// were recorded, and how many entries expired (or went for the byte bound)
+// rather than being replaced by the engines' events.
+func registerSpeculativeMetrics(m plugin.MetricsRecorder, name string, spec *index.Speculative) error {
+	labels := prometheus.Labels{"plugin": name}
+	stat := func(f func(index.SpeculativeStats) float64) func() float64 {
+		return func() float64 { return f(spec.Stats()) }
+	}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_epp_speculative_recorded_total", ConstLabels: labels,
+			Help: "Scheduled requests whose blocks were recorded as speculative entries of their pods."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Recorded) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_epp_speculative_expired_total", ConstLabels: labels,
+			Help: "Speculative entries removed for their TTL or the byte bound."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Expired) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_epp_speculative_replaced_total", ConstLabels: labels,
+			Help: "Engine stores or evictions that took blocks out of a pod's speculative tier."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Replaced) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_epp_speculative_entries", ConstLabels: labels,
+			Help: "Speculative entries kept."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Entries) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_epp_speculative_bytes", ConstLabels: labels,
+			Help: "Bytes of the speculative entries kept."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Bytes) })),
+	} {
+		err := m.Register(c)
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			// A producer of the same name made again (a reloaded
+			// configuration): the newest one's entries are the ones kept.
+			m.Unregister(are.ExistingCollector)
+			err = m.Register(c)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // NewPrefixProducer returns a prefix producer reading idx (nil: a new

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/plugin"
@@ -199,4 +200,56 @@ func TestSpeculativeEntriesOfARequestDoNotCancelItsPull(t *testing.T) {
 	require.Equal(t, promptBlocks*testBlockSize, w.pulled(r1))
 	r2 := w.decide(w.request("r2"), eps, result(c, nil, ""))
 	require.Empty(t, header(r2))
+}
+
+// The speculative entries' counters are registered with the EPP's metrics
+// registry under the plugin's name.
+func TestSpeculativeIndexingExportsItsCounters(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	params := `{"tokenProcessorConfig":{"blockSizeTokens":16},"speculativeIndexing":true,"kvEventsConfig":{"discoverPods":false}}`
+	pl, err := PrefixFactory(nil)("pp", plugin.StrictDecoder(json.RawMessage(params)), plugin.NewEppHandle(ctx, nil, plugin.WithMetricsRecorder(reg)))
+	require.NoError(t, err)
+	w := newWorld(t, SourceConfig{})
+	w.prefix = pl.(*PrefixProducer)
+	c := endpoint(ip(2), 0)
+	req := w.request("r1")
+	require.NoError(t, w.prefix.Produce(ctx, req, []scheduling.Endpoint{c}))
+	require.NoError(t, w.prefix.PreRequest(ctx, req, result(c, nil, "")))
+	w.prefix.Speculative().Store(index.Blocks{Model: testModel, Holder: holderOf(c.GetMetadata()), Tier: index.TierGPU, Keys: w.keys})
+
+	require.Equal(t, map[string]float64{
+		"kvsource_epp_speculative_recorded_total": 1,
+		"kvsource_epp_speculative_expired_total":  0,
+		"kvsource_epp_speculative_replaced_total": 1,
+		"kvsource_epp_speculative_entries":        1,
+		"kvsource_epp_speculative_bytes":          8*promptBlocks + 64,
+	}, gather(t, reg, "pp"))
+	// A producer of the same name made again reports its own entries.
+	_, err = PrefixFactory(nil)("pp", plugin.StrictDecoder(json.RawMessage(params)), plugin.NewEppHandle(ctx, nil, plugin.WithMetricsRecorder(reg)))
+	require.NoError(t, err)
+	require.Equal(t, map[string]float64{
+		"kvsource_epp_speculative_recorded_total": 0,
+		"kvsource_epp_speculative_expired_total":  0,
+		"kvsource_epp_speculative_replaced_total": 0,
+		"kvsource_epp_speculative_entries":        0,
+		"kvsource_epp_speculative_bytes":          0,
+	}, gather(t, reg, "pp"))
+}
+
+// gather returns the registry's single-series metrics by name, checking
+// that each is labelled with the plugin's name.
+func gather(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		require.Len(t, f.GetMetric(), 1, f.GetName())
+		m := f.GetMetric()[0]
+		require.Equal(t, name, m.GetLabel()[0].GetValue())
+		got[f.GetName()] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	}
+	return got
 }
