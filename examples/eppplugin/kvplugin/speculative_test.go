@@ -253,3 +253,33 @@ func gather(t *testing.T, reg *prometheus.Registry, name string) map[string]floa
 	}
 	return got
 }
+
+// Whatever parameters the loader hands over, the prefix producer's factory
+// returns a producer or an ErrConfig, never a panic; with speculative
+// indexing on, its entries have a positive TTL.
+func FuzzPrefixParameters(f *testing.F) {
+	for _, seed := range []string{
+		guidePrefixParams,
+		`{"speculativeIndexing":true,"speculativeTTL":"750ms","kvEventsConfig":{"discoverPods":false}}`,
+		`{"speculativeIndexing":true,"speculativeTTL":"-3h","kvEventsConfig":null}`,
+		`{"speculativeTTL":"9999999999999999999h"}`,
+		`{"speculativeIndexing":1}`,
+		`{"indexerConfig":{"kvCacheBackendConfigs":[{"name":"SPECULATIVE","weight":0.5}]},"speculativeIndexing":true,"kvEventsConfig":{"discoverPods":false}}`,
+	} {
+		f.Add(seed)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // goroutines a producer starts end at once
+	handle := plugin.NewEppHandle(ctx, nil)
+	f.Fuzz(func(t *testing.T, params string) {
+		pl, err := PrefixFactory(nil)("pp", plugin.StrictDecoder(json.RawMessage(params)), handle)
+		if err != nil {
+			require.ErrorIs(t, err, ErrConfig)
+			return
+		}
+		p := pl.(*PrefixProducer)
+		if p.Speculative() != nil {
+			require.Positive(t, p.specTTL)
+		}
+	})
+}
