@@ -205,7 +205,6 @@ func NewSourceProducer(name string, cfg SourceConfig, prefix *PrefixProducer, me
 		pullKey:   SourceProducerType + "/" + name + "/pull",
 		log:       log,
 	}
-	prefix.sourced.Store(true)
 	p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "kvsource_epp_source_decisions_total",
 		Help:        "Source producer decisions by outcome: a picker reason (pull, local_hit, self, no_holder, below_threshold) or no_prompt, no_computing, error.",
@@ -220,6 +219,8 @@ func NewSourceProducer(name string, cfg SourceConfig, prefix *PrefixProducer, me
 			p.decisions = are.ExistingCollector.(*prometheus.CounterVec)
 		}
 	}
+	// Only a source producer that exists takes the recording over.
+	prefix.sourced.Store(true)
 	return p, nil
 }
 

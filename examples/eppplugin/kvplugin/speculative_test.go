@@ -283,3 +283,19 @@ func FuzzPrefixParameters(f *testing.F) {
 		}
 	})
 }
+
+// A source producer that fails to be made does not take the recording
+// over: the prefix producer's own PreRequest still records.
+func TestSpeculativeIndexingRecordsWhenTheSourceProducerFailed(t *testing.T) {
+	w := newWorldWith(t, speculativeOn, SourceConfig{})
+	w.prefix.sourced.Store(false)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsource_epp_source_decisions_total", Help: "taken"}))
+	_, err := NewSourceProducer("other", SourceConfig{MinCachedTokenDelta: 1}, w.prefix, reg)
+	require.Error(t, err)
+	c := endpoint(ip(2), 0)
+	req := w.request("r1")
+	require.NoError(t, w.prefix.Produce(context.Background(), req, []scheduling.Endpoint{c}))
+	require.NoError(t, w.prefix.PreRequest(context.Background(), req, result(c, nil, "")))
+	require.Equal(t, 1, w.prefix.Speculative().Stats().Entries)
+}
