@@ -155,6 +155,11 @@ func DefaultPrefixConfig() PrefixConfig {
 	}
 }
 
+// minSpeculativeTTL is the shortest speculativeTTL taken: the entries are
+// expired every quarter TTL, and a guess that lasts less than a KV event's
+// trip is no use.
+const minSpeculativeTTL = time.Millisecond
+
 // ErrConfig reports parameters the prefix or source producer refuses.
 var ErrConfig = errors.New("kvplugin: bad configuration")
 
@@ -209,15 +214,15 @@ func PrefixFactory(subscribe SubscribeFunc) plugin.FactoryFunc {
 		if err != nil {
 			return nil, err
 		}
+		if m := handle.Metrics(); p.spec != nil && m != nil {
+			if err := registerSpeculativeMetrics(m, name, p.spec); err != nil {
+				return nil, fmt.Errorf("%s %q: registering metrics: %w", PrefixProducerType, name, err)
+			}
+		}
 		if err := p.subscribe(handle.Context(), cfg.KVEventsConfig, subscribe); err != nil {
 			return nil, err
 		}
 		if p.spec != nil {
-			if m := handle.Metrics(); m != nil {
-				if err := registerSpeculativeMetrics(m, name, p.spec); err != nil {
-					return nil, fmt.Errorf("%s %q: registering metrics: %w", PrefixProducerType, name, err)
-				}
-			}
 			// Expiry, like the subscription, lasts as long as the EPP.
 			go func() { _ = p.spec.Run(handle.Context()) }()
 		}
@@ -278,6 +283,9 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		d, err := time.ParseDuration(cfg.SpeculativeTTL)
 		if err != nil {
 			return nil, bad("speculativeTTL %q is not a duration: %v", cfg.SpeculativeTTL, err)
+		}
+		if d > 0 && d < minSpeculativeTTL {
+			return nil, bad("speculativeTTL %q is below %v", cfg.SpeculativeTTL, minSpeculativeTTL)
 		}
 		if d > 0 {
 			specTTL = d

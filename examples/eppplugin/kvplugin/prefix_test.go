@@ -264,6 +264,7 @@ func TestPrefixFactory(t *testing.T) {
 			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}, wantTTL: 2 * time.Second},
 		{name: "a negative speculativeTTL means 2s, as upstream", params: `{"speculativeIndexing":true,"speculativeTTL":"-1s"}`, wantBlock: 16, wantAlgo: hashing.SHA256,
 			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}, wantTTL: 2 * time.Second},
+		{name: "a speculativeTTL under 1ms is refused", params: `{"speculativeIndexing":true,"speculativeTTL":"3ns"}`, wantErr: `speculativeTTL "3ns" is below 1ms`},
 		{name: "a malformed speculativeTTL is refused", params: `{"speculativeTTL":"soon"}`, wantErr: `speculativeTTL "soon" is not a duration`},
 		{name: "a speculativeTTL without a unit is refused", params: `{"speculativeIndexing":true,"speculativeTTL":"2"}`, wantErr: `speculativeTTL "2" is not a duration`},
 		{name: "a speculativeTTL that is a number is refused", params: `{"speculativeTTL":2}`, wantErr: "speculativeTTL"},

@@ -263,6 +263,7 @@ func FuzzPrefixParameters(f *testing.F) {
 		`{"speculativeIndexing":true,"speculativeTTL":"750ms","kvEventsConfig":{"discoverPods":false}}`,
 		`{"speculativeIndexing":true,"speculativeTTL":"-3h","kvEventsConfig":null}`,
 		`{"speculativeTTL":"9999999999999999999h"}`,
+		`{"speculativeIndexing":true,"speculativeTTL":"1ns","kvEventsConfig":{"discoverPods":false}}`,
 		`{"speculativeIndexing":1}`,
 		`{"indexerConfig":{"kvCacheBackendConfigs":[{"name":"SPECULATIVE","weight":0.5}]},"speculativeIndexing":true,"kvEventsConfig":{"discoverPods":false}}`,
 	} {
