@@ -52,3 +52,4 @@ fuzz: deps
 	$(GO) test ./service -run '^$$' -fuzz FuzzParseSize -fuzztime $(FUZZTIME)
 	$(GO) test ./render -run '^$$' -fuzz FuzzScanBody -fuzztime $(FUZZTIME)
 	$(GO) test ./render -run '^$$' -fuzz FuzzParseAnswer -fuzztime $(FUZZTIME)
+	$(GO) test ./examples/eppplugin/kvplugin -run '^$$' -fuzz FuzzPrefixParameters -fuzztime $(FUZZTIME)

@@ -10,12 +10,23 @@ import (
 	"github.com/kvsource/kvsource/index"
 )
 
-// One request through both producers, PreRequest and the response's end,
-// over 8 candidates of which 3 hold the prompt: what the plugins add to an
-// EPP's request path. Reported per request; allocs include the
-// PrefixCacheMatchInfo written to each candidate, which the API requires.
+// One request through both producers, both PreRequest hooks and the
+// response's end, over 8 candidates of which 3 hold the prompt: what the
+// plugins add to an EPP's request path, without and with speculative
+// indexing. Reported per request; allocs include the PrefixCacheMatchInfo
+// written to each candidate, which the API requires. With speculative
+// indexing every request is recorded on its destination, so from the second
+// on the destination holds the prompt (speculatively) and pulls nothing.
 func BenchmarkRequestPath(b *testing.B) {
-	w := newWorld(b, SourceConfig{})
+	for _, spec := range []bool{false, true} {
+		b.Run(fmt.Sprintf("speculative=%v", spec), func(b *testing.B) {
+			benchmarkRequestPath(b, spec)
+		})
+	}
+}
+
+func benchmarkRequestPath(b *testing.B, spec bool) {
+	w := newWorldWith(b, func(c *PrefixConfig) { c.SpeculativeIndexing = spec }, SourceConfig{})
 	var eps []scheduling.Endpoint
 	for i := range 8 {
 		ep := endpoint(ip(i+1), i)
@@ -38,6 +49,7 @@ func BenchmarkRequestPath(b *testing.B) {
 		req := w.request(ids[i%len(ids)])
 		_ = w.prefix.Produce(ctx, req, eps)
 		_ = w.src.Produce(ctx, req, eps)
+		_ = w.prefix.PreRequest(ctx, req, res)
 		_ = w.src.PreRequest(ctx, req, res)
 		if header(req) != "" {
 			pulls++

@@ -10,7 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/datalayer"
@@ -32,11 +35,15 @@ type PrefixConfig struct {
 	TokenProcessorConfig *TokenProcessorConfig `json:"tokenProcessorConfig"`
 	IndexerConfig        *IndexerConfig        `json:"indexerConfig"`
 	KVEventsConfig       *KVEventsConfig       `json:"kvEventsConfig"`
-	// SpeculativeIndexing must be false: kvsource does not index routing
-	// decisions ahead of the engines' events.
+	// SpeculativeIndexing records each routed request's blocks on the pods
+	// chosen for it (PreRequest), in tier index.TierSpeculative, so that
+	// the requests that follow it on the same prefix see them before the
+	// engine's KV events arrive; default false, upstream's.
 	SpeculativeIndexing bool `json:"speculativeIndexing"`
-	// SpeculativeTTL is accepted for configurations that set it; it has
-	// no effect without SpeculativeIndexing. A malformed one is an error.
+	// SpeculativeTTL is how long a speculative entry lasts unless the
+	// engine's own events replace it first, a Go duration; default "2s",
+	// upstream's, which zero or a negative one also means. A malformed one
+	// is an error.
 	SpeculativeTTL string `json:"speculativeTTL"`
 	// HashAlgo is the engines' --prefix-caching-hash-algo ("sha256",
 	// "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_cbor_64bit");
@@ -144,8 +151,14 @@ func DefaultPrefixConfig() PrefixConfig {
 			DiscoverPods:       true,
 			PodDiscoveryConfig: &PodDiscoveryConfig{SocketPort: 5557},
 		},
+		SpeculativeTTL: index.DefaultSpeculativeTTL.String(),
 	}
 }
+
+// minSpeculativeTTL is the shortest speculativeTTL taken: the entries are
+// expired every quarter TTL, and a guess that lasts less than a KV event's
+// trip is no use.
+const minSpeculativeTTL = time.Millisecond
 
 // ErrConfig reports parameters the prefix or source producer refuses.
 var ErrConfig = errors.New("kvplugin: bad configuration")
@@ -160,11 +173,18 @@ type PrefixProducer struct {
 	promptKey string
 	hasher    *hashing.Hasher
 	idx       *index.Index
+	spec      *index.Speculative // nil without speculativeIndexing
+	specTTL   time.Duration      // spec's TTL
 	scorer    *picker.Picker
 	sub       Subscription
 	discovery *PodDiscoveryConfig
 	engine    events.Engine // kvEventsConfig.engineType
 	log       *slog.Logger
+
+	// sourced is set once a source producer reads this producer: it then
+	// records the speculative entries after its own decision, so that a
+	// request's entries on its computing pod never count against its pull.
+	sourced atomic.Bool
 
 	mu   sync.Mutex
 	pods map[types.NamespacedName]index.Holder // discovered endpoints' holders
@@ -172,6 +192,7 @@ type PrefixProducer struct {
 
 var (
 	_ requestcontrol.DataProducer = (*PrefixProducer)(nil)
+	_ requestcontrol.PreRequest   = (*PrefixProducer)(nil)
 	_ plugin.ConsumerPlugin       = (*PrefixProducer)(nil)
 	_ datalayer.EndpointExtractor = (*PrefixProducer)(nil)
 )
@@ -193,26 +214,81 @@ func PrefixFactory(subscribe SubscribeFunc) plugin.FactoryFunc {
 		if err != nil {
 			return nil, err
 		}
+		if m := handle.Metrics(); p.spec != nil && m != nil {
+			if err := registerSpeculativeMetrics(m, name, p.spec); err != nil {
+				return nil, fmt.Errorf("%s %q: registering metrics: %w", PrefixProducerType, name, err)
+			}
+		}
 		if err := p.subscribe(handle.Context(), cfg.KVEventsConfig, subscribe); err != nil {
 			return nil, err
+		}
+		if p.spec != nil {
+			// Expiry, like the subscription, lasts as long as the EPP.
+			go func() { _ = p.spec.Run(handle.Context()) }()
 		}
 		return p, nil
 	}
 }
 
+// registerSpeculativeMetrics exports spec's counters: how many requests
+// were recorded, and how many entries expired (or went for the byte bound)
+// rather than being replaced by the engines' events.
+func registerSpeculativeMetrics(m plugin.MetricsRecorder, name string, spec *index.Speculative) error {
+	labels := prometheus.Labels{"plugin": name}
+	stat := func(f func(index.SpeculativeStats) float64) func() float64 {
+		return func() float64 { return f(spec.Stats()) }
+	}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_epp_speculative_recorded_total", ConstLabels: labels,
+			Help: "Scheduled requests whose blocks were recorded as speculative entries of their pods."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Recorded) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_epp_speculative_expired_total", ConstLabels: labels,
+			Help: "Speculative entries removed for their TTL or the byte bound."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Expired) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_epp_speculative_replaced_total", ConstLabels: labels,
+			Help: "Engine stores or evictions that took blocks out of a pod's speculative tier."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Replaced) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_epp_speculative_entries", ConstLabels: labels,
+			Help: "Speculative entries kept."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Entries) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_epp_speculative_bytes", ConstLabels: labels,
+			Help: "Bytes of the speculative entries kept."},
+			stat(func(s index.SpeculativeStats) float64 { return float64(s.Bytes) })),
+	} {
+		err := m.Register(c)
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			// A producer of the same name made again (a reloaded
+			// configuration): the newest one's entries are the ones kept.
+			m.Unregister(are.ExistingCollector)
+			err = m.Register(c)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // NewPrefixProducer returns a prefix producer reading idx (nil: a new
 // index bounded as cfg says), without a KV event subscription: the factory
-// adds it, a test or embedding program feeds idx itself.
+// adds it, a test or embedding program feeds idx itself (through
+// Speculative with speculativeIndexing, and runs its expiry).
 func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*PrefixProducer, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s %q: %s", ErrConfig, PrefixProducerType, name, fmt.Sprintf(format, args...))
 	}
-	if cfg.SpeculativeIndexing {
-		return nil, bad("speculativeIndexing is not supported")
-	}
+	specTTL := index.DefaultSpeculativeTTL
 	if cfg.SpeculativeTTL != "" {
-		if _, err := time.ParseDuration(cfg.SpeculativeTTL); err != nil {
-			return nil, bad("speculativeTTL: %v", err)
+		d, err := time.ParseDuration(cfg.SpeculativeTTL)
+		if err != nil {
+			return nil, bad("speculativeTTL %q is not a duration: %v", cfg.SpeculativeTTL, err)
+		}
+		if d > 0 && d < minSpeculativeTTL {
+			return nil, bad("speculativeTTL %q is below %v", cfg.SpeculativeTTL, minSpeculativeTTL)
+		}
+		if d > 0 {
+			specTTL = d
 		}
 	}
 	tp := TokenProcessorConfig{BlockSizeTokens: hashing.DefaultBlockSize}
@@ -270,7 +346,13 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		if b == nil || b.Name == "" || b.Weight < 0 {
 			return nil, bad("kvCacheBackendConfigs: every entry needs a name and a non-negative weight")
 		}
-		weights[strings.ToUpper(b.Name)] = b.Weight
+		weights[tierOf(b.Name)] = b.Weight
+	}
+	if _, ok := weights[index.TierSpeculative]; cfg.SpeculativeIndexing && !ok {
+		// Upstream weighs a tier without a configured weight 1, as the GPU
+		// blocks a routed request is computing; kvsource's picker would
+		// weigh it as the lowest configured tier.
+		weights[index.TierSpeculative] = 1
 	}
 	if idx == nil {
 		idx = index.New(index.Config{MaxHolderBlocks: mem.Size})
@@ -290,6 +372,9 @@ func NewPrefixProducer(name string, cfg PrefixConfig, idx *index.Index) (*Prefix
 		log:       slog.Default().With("plugin", PrefixProducerType, "name", name),
 		engine:    engine,
 		pods:      map[types.NamespacedName]index.Holder{},
+	}
+	if cfg.SpeculativeIndexing {
+		p.spec, p.specTTL = index.NewSpeculative(idx, index.SpeculativeConfig{TTL: specTTL}), specTTL
 	}
 	if kv := cfg.KVEventsConfig; kv != nil && kv.DiscoverPods && kv.PodDiscoveryConfig != nil {
 		d := *kv.PodDiscoveryConfig
@@ -311,8 +396,12 @@ func (p *PrefixProducer) subscribe(ctx context.Context, cfg *KVEventsConfig, sub
 		return fmt.Errorf("%w: %s %q: kvEventsConfig asks for KV events but the plugins were registered without a subscription (kvplugin.Register(zmqevents.Subscribe))",
 			ErrConfig, PrefixProducerType, p.typedName.Name)
 	}
+	var sink events.Sink = p.idx
+	if p.spec != nil {
+		sink = p.spec
+	}
 	sub, err := subscribe(SubscriptionConfig{
-		Index: p.idx, Hasher: p.hasher, Bind: cfg.ZMQEndpoint, TopicFilter: cfg.TopicFilter,
+		Index: p.idx, Sink: sink, Hasher: p.hasher, Bind: cfg.ZMQEndpoint, TopicFilter: cfg.TopicFilter,
 		Workers: cfg.Concurrency, Logger: p.log, Engine: p.engine,
 	})
 	if err != nil {
@@ -344,6 +433,11 @@ func (p *PrefixProducer) TypedName() plugin.TypedName { return p.typedName }
 // Index returns the index the producer reads.
 func (p *PrefixProducer) Index() *index.Index { return p.idx }
 
+// Speculative returns the producer's speculative entries, nil without
+// speculativeIndexing: the Sink its index is fed through, whose Run
+// expires them.
+func (p *PrefixProducer) Speculative() *index.Speculative { return p.spec }
+
 // Hasher returns the hasher requests are keyed with.
 func (p *PrefixProducer) Hasher() *hashing.Hasher { return p.hasher }
 
@@ -368,6 +462,9 @@ type prompt struct {
 	keys    []uint64
 	metas   []*datalayer.EndpointMetadata // per endpoint
 	holders []index.Holder                // per endpoint; zero for one without metadata
+	// speculated is set once the keys are recorded as speculative, so a
+	// request is recorded once however many PreRequest hooks run.
+	speculated atomic.Bool
 }
 
 // holderAt returns the holder of endpoint i of a list the source producer
@@ -485,6 +582,15 @@ func (a *match) add(s *picker.Score) {
 	}
 }
 
+// tierOf is the index tier of a tier name as llm-d writes it: vLLM's
+// upper-case, the speculative tier as the index names it.
+func tierOf(name string) string {
+	if t := strings.ToUpper(name); t != strings.ToUpper(index.TierSpeculative) {
+		return t
+	}
+	return index.TierSpeculative
+}
+
 // lowerTier is a tier's name as llm-d writes it, without allocating for
 // vLLM's two.
 func lowerTier(t string) string {
@@ -500,6 +606,47 @@ func lowerTier(t string) string {
 // promptOf returns the keys Produce stashed on a single-prompt request.
 func (p *PrefixProducer) promptOf(request *scheduling.InferenceRequest) (*prompt, bool) {
 	return scheduling.ReadRequestAttribute[*prompt](request, p.promptKey)
+}
+
+// PreRequest implements requestcontrol.PreRequest: with speculativeIndexing,
+// the request's block keys become speculative entries of the primary
+// profile's first target and, under P/D, of profile "prefill"'s (upstream's
+// fixed name). When a source producer reads this producer, it records them
+// instead, after its pull decision. It never fails the request.
+func (p *PrefixProducer) PreRequest(_ context.Context, request *scheduling.InferenceRequest, res *scheduling.SchedulingResult) error {
+	if !p.sourced.Load() {
+		p.speculate(request, res)
+	}
+	return nil
+}
+
+// speculate records a scheduled request's keys as speculative blocks of
+// the pods chosen for it, once per request.
+func (p *PrefixProducer) speculate(request *scheduling.InferenceRequest, res *scheduling.SchedulingResult) {
+	if p.spec == nil || request == nil || res == nil {
+		return
+	}
+	pr, ok := p.promptOf(request)
+	if !ok || !pr.speculated.CompareAndSwap(false, true) {
+		return
+	}
+	var done index.Holder
+	for i, profile := range [2]string{res.PrimaryProfileName, defaultPrefillProfile} {
+		r := res.ProfileResults[profile]
+		if r == nil || len(r.TargetEndpoints) == 0 || r.TargetEndpoints[0] == nil {
+			continue
+		}
+		md := r.TargetEndpoints[0].GetMetadata()
+		if md == nil {
+			continue
+		}
+		h := holderOf(md)
+		if i == 1 && h == done {
+			continue
+		}
+		p.spec.Record(pr.model, h, pr.keys)
+		done = h
+	}
 }
 
 // Extract implements datalayer.EndpointExtractor: a discovered endpoint's

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -230,7 +231,8 @@ func TestPrefixFactory(t *testing.T) {
 		wantErr   string
 		wantBlock int
 		wantAlgo  hashing.Algo
-		wantSub   *SubscriptionConfig // Index and Hasher not compared
+		wantSub   *SubscriptionConfig // Index, Sink and Hasher not compared
+		wantTTL   time.Duration       // speculative entries' TTL; 0: speculative indexing off
 	}{
 		{name: "defaults subscribe per discovered pod", wantBlock: 16, wantAlgo: hashing.SHA256,
 			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}},
@@ -252,8 +254,21 @@ func TestPrefixFactory(t *testing.T) {
 		{name: "content as an algorithm is refused", params: `{"hashAlgo":"content"}`, wantErr: "set contentKeys: true instead"},
 		{name: "an xxhash algorithm without a seed is refused", params: `{"hashAlgo":"xxhash"}`, wantErr: "seed"},
 		{name: "an unknown algorithm is refused", params: `{"hashAlgo":"md5"}`, wantErr: "unknown algorithm"},
-		{name: "speculative indexing is refused", params: `{"speculativeIndexing":true}`, wantErr: "speculativeIndexing is not supported"},
-		{name: "a malformed speculativeTTL is refused", params: `{"speculativeTTL":"soon"}`, wantErr: "speculativeTTL"},
+		{name: "speculative indexing is off by default, as upstream", params: `{"speculativeTTL":"5s"}`, wantBlock: 16, wantAlgo: hashing.SHA256,
+			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}},
+		{name: "speculative indexing with upstream's default TTL of 2s", params: `{"speculativeIndexing":true}`, wantBlock: 16, wantAlgo: hashing.SHA256,
+			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}, wantTTL: 2 * time.Second},
+		{name: "speculative indexing with a TTL", params: `{"speculativeIndexing":true,"speculativeTTL":"750ms"}`, wantBlock: 16, wantAlgo: hashing.SHA256,
+			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}, wantTTL: 750 * time.Millisecond},
+		{name: "a zero speculativeTTL means 2s, as upstream", params: `{"speculativeIndexing":true,"speculativeTTL":"0s"}`, wantBlock: 16, wantAlgo: hashing.SHA256,
+			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}, wantTTL: 2 * time.Second},
+		{name: "a negative speculativeTTL means 2s, as upstream", params: `{"speculativeIndexing":true,"speculativeTTL":"-1s"}`, wantBlock: 16, wantAlgo: hashing.SHA256,
+			wantSub: &SubscriptionConfig{TopicFilter: "kv@", Workers: 4}, wantTTL: 2 * time.Second},
+		{name: "a speculativeTTL under 1ms is refused", params: `{"speculativeIndexing":true,"speculativeTTL":"3ns"}`, wantErr: `speculativeTTL "3ns" is below 1ms`},
+		{name: "a malformed speculativeTTL is refused", params: `{"speculativeTTL":"soon"}`, wantErr: `speculativeTTL "soon" is not a duration`},
+		{name: "a speculativeTTL without a unit is refused", params: `{"speculativeIndexing":true,"speculativeTTL":"2"}`, wantErr: `speculativeTTL "2" is not a duration`},
+		{name: "a speculativeTTL that is a number is refused", params: `{"speculativeTTL":2}`, wantErr: "speculativeTTL"},
+		{name: "a speculativeIndexing that is a string is refused", params: `{"speculativeIndexing":"yes"}`, wantErr: "speculativeIndexing"},
 		{name: "a null indexerConfig is refused", params: `{"indexerConfig":null}`, wantErr: "indexerConfig is required"},
 		{name: "a tokenizers pool is refused", params: `{"indexerConfig":{"tokenizersPoolConfig":{}}}`, wantErr: "tokenizersPoolConfig is not supported"},
 		{name: "another index backend is refused", params: `{"indexerConfig":{"kvBlockIndexConfig":{"redisConfig":{}}}}`, wantErr: `unknown field "redisConfig"`},
@@ -287,14 +302,27 @@ func TestPrefixFactory(t *testing.T) {
 			pp := p.(*PrefixProducer)
 			require.Equal(t, tt.wantBlock, pp.Hasher().Config().BlockSize)
 			require.Equal(t, tt.wantAlgo, pp.Hasher().Config().Algo)
+			if tt.wantTTL == 0 {
+				require.Nil(t, pp.Speculative())
+			} else {
+				require.NotNil(t, pp.Speculative())
+				require.Equal(t, tt.wantTTL, pp.specTTL)
+			}
 			if tt.wantSub == nil {
 				require.Nil(t, pp.sub)
 				return
 			}
 			require.Same(t, pp.Index(), sub.cfg.Index)
 			require.Same(t, pp.Hasher(), sub.cfg.Hasher)
+			// Events go through the speculative entries when there are
+			// any, so that the engines' own replace them.
+			if pp.Speculative() != nil {
+				require.Same(t, pp.Speculative(), sub.cfg.Sink)
+			} else {
+				require.Same(t, pp.Index(), sub.cfg.Sink)
+			}
 			got := sub.cfg
-			got.Index, got.Hasher, got.Logger = nil, nil, nil
+			got.Index, got.Sink, got.Hasher, got.Logger = nil, nil, nil, nil
 			require.Equal(t, *tt.wantSub, got)
 			// The subscription runs for the EPP's lifetime: the handle's
 			// context, which ends it.

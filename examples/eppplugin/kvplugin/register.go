@@ -6,7 +6,11 @@
 // every pod's KV cache, fed by the pods' KV events, and writes each
 // candidate endpoint's PrefixCacheMatchInfo: the data shape upstream's
 // prefix-cache-scorer and p2p-source-producer read, cached blocks by tier
-// included. It learns pods from endpoint lifecycle events.
+// included. It learns pods from endpoint lifecycle events. With
+// speculativeIndexing it also records each scheduled request's blocks on
+// the pods chosen for it, as index.TierSpeculative entries that the next
+// requests on the prefix score at once, until the engines' own events
+// replace them or their TTL passes.
 //
 // SourceProducer (type kvsource-p2p-source-producer) decides, after
 // scheduling, whether the pod computing the prompt should pull its missing
@@ -53,8 +57,12 @@ type Subscription interface {
 
 // SubscriptionConfig is what a Subscription is built from.
 type SubscriptionConfig struct {
-	// Index receives the events.
+	// Index is the index the events are for.
 	Index *index.Index
+	// Sink, when set, receives the events in Index's place: the prefix
+	// producer's index.Speculative with speculativeIndexing, so that the
+	// engines' events replace its entries.
+	Sink events.Sink
 	// Hasher is the request side's hasher. With hashing.Content it keys the
 	// index by content (events are re-keyed from their token ids);
 	// otherwise the index holds the engines' keys and Hasher checks that

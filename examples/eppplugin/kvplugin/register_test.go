@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -30,7 +31,35 @@ var readmePlugins = []struct{ typ, params string }{
 	{SourceProducerType, `{"prefixMatchInfoProducerName":"kvsource-prefix-cache-producer","prefillProfileName":"default","minCachedTokenDelta":2048}`},
 	{PrefixProducerType, `{"tokenProcessorConfig":{"blockSize":64,"hashSeed":"0"},` +
 		`"indexerConfig":{"kvBlockIndexConfig":{"inMemoryConfig":{"podCacheSize":32}},"kvCacheBackendConfigs":[{"name":"gpu","weight":1.0},{"name":"cpu","weight":0.4}]},` +
+		`"speculativeIndexing":true,` +
 		`"kvEventsConfig":{"topicFilter":"kv@","discoverPods":true,"podDiscoveryConfig":{"socketPort":5556}}}`},
+}
+
+// guidePrefixParams are the precise-prefix-cache-producer parameters of
+// llm-d's P2P KV cache sharing guide (router/p2p-kv-cache-sharing.values.yaml,
+// ../shared/spec/llmd-epp.md §4) as the loader hands them over, verbatim.
+const guidePrefixParams = `{"tokenProcessorConfig":{"blockSize":64},` +
+	`"indexerConfig":{"kvBlockIndexConfig":{"inMemoryConfig":{"podCacheSize":32}},"kvCacheBackendConfigs":[{"name":"gpu","weight":1.0},{"name":"cpu","weight":0.4}]},` +
+	`"speculativeIndexing":true,` +
+	`"kvEventsConfig":{"topicFilter":"kv@","discoverPods":true,"podDiscoveryConfig":{"socketPort":5556}}}`
+
+// The guide's own parameters load into kvsource's prefix producer
+// unchanged, speculative indexing on with upstream's 2s TTL, events fed
+// through the speculative entries.
+func TestPrefixFactoryLoadsTheP2PGuidesParameters(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub, subscribe := newFakeSubscribe()
+	pl, err := PrefixFactory(subscribe)("precise-prefix-cache-producer", plugin.StrictDecoder(json.RawMessage(guidePrefixParams)), plugin.NewEppHandle(ctx, nil))
+	require.NoError(t, err)
+	p := pl.(*PrefixProducer)
+	require.Equal(t, hashing.SHA256, p.Hasher().Config().Algo)
+	require.Equal(t, 64, p.Hasher().Config().BlockSize)
+	require.NotNil(t, p.Speculative())
+	require.Equal(t, 2*time.Second, p.specTTL)
+	require.Same(t, p.Speculative(), sub.cfg.Sink)
+	require.Equal(t, SubscriptionConfig{TopicFilter: "kv@", Workers: 4}, SubscriptionConfig{TopicFilter: sub.cfg.TopicFilter, Workers: sub.cfg.Workers, Bind: sub.cfg.Bind})
+	require.Equal(t, ctx, <-sub.running)
 }
 
 // pluginRefs returns the values of a parsed configuration's fields tagged
@@ -84,6 +113,8 @@ func TestRegisteredPluginsLoadTheREADMEConfiguration(t *testing.T) {
 	src, err := plugin.PluginByType[*SourceProducer](handle, SourceProducerType)
 	require.NoError(t, err)
 	require.Equal(t, hashing.Config{Algo: hashing.SHA256, Seed: "0", BlockSize: 64}, prefix.Hasher().Config())
+	require.NotNil(t, prefix.Speculative(), "the guide turns speculativeIndexing on")
+	require.Same(t, prefix.Speculative(), sub.cfg.Sink)
 	var _ requestcontrol.ResponseBodyProcessor = src
 
 	// The endpoint-notification-source relays a new pod.
@@ -114,11 +145,27 @@ func TestRegisteredPluginsLoadTheREADMEConfiguration(t *testing.T) {
 	res := &scheduling.SchedulingResult{PrimaryProfileName: "default", ProfileResults: map[string]*scheduling.ProfileRunResult{
 		"default": {TargetEndpoints: []scheduling.Endpoint{eps[1]}},
 	}}
+	// The director runs every PreRequest plugin, the prefix producer's too.
+	require.NoError(t, prefix.PreRequest(ctx, req, res))
 	require.NoError(t, src.PreRequest(ctx, req, res))
 	require.Equal(t, "10.0.0.1:8000", req.Headers[routing.KVCacheSourceHeader])
 	require.Equal(t, 1, src.Inflight(holder))
 	src.ResponseBody(ctx, req, &requestcontrol.Response{RequestID: "r1", EndOfStream: true}, computing)
 	require.Zero(t, src.Inflight(holder))
+
+	// vllm-1 now holds the prompt speculatively: the next request on it
+	// scores there at once, at the GPU's weight.
+	next := &scheduling.InferenceRequest{RequestID: "r2", TargetModel: "gpt", Headers: map[string]string{},
+		Body: &requesthandling.InferenceRequestBody{TokenizedPrompt: &requesthandling.TokenizedPrompt{PerPromptTokens: [][]uint32{tokens}}}}
+	require.NoError(t, prefix.Produce(ctx, next, eps))
+	m := matchOf(t, prefix, eps[1])
+	require.Equal(t, map[string]int{"speculative": 40}, m.CachedBlocksByTier())
+	require.Equal(t, 40, m.MatchBlocks())
+	// Its engine's own event, through the subscription's sink, replaces
+	// the guess.
+	sub.cfg.Sink.Store(index.Blocks{Model: "gpt", Holder: holderOf(computing), Tier: index.TierGPU, Keys: keys})
+	require.NoError(t, prefix.Produce(ctx, next, eps))
+	require.Equal(t, map[string]int{"gpu": 40}, matchOf(t, prefix, eps[1]).CachedBlocksByTier())
 }
 
 // The decision path, this package and the mirror, builds without cgo, and

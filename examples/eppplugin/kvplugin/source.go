@@ -18,6 +18,7 @@ import (
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/requestcontrol"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/scheduling"
 	attrprefix "github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/plugins/datalayer/attribute/prefix"
+	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
 	"github.com/kvsource/kvsource/transfer"
 )
@@ -160,6 +161,9 @@ func NewSourceProducer(name string, cfg SourceConfig, prefix *PrefixProducer, me
 		if t == "" {
 			return nil, bad("pullTiers: empty tier")
 		}
+		if tierOf(t) == index.TierSpeculative {
+			return nil, bad("pullTiers: speculative blocks do not exist yet and serve no pull")
+		}
 		pc.PullTiers = append(pc.PullTiers, strings.ToUpper(t))
 	}
 	if cfg.InflightTTL != "" {
@@ -215,6 +219,8 @@ func NewSourceProducer(name string, cfg SourceConfig, prefix *PrefixProducer, me
 			p.decisions = are.ExistingCollector.(*prometheus.CounterVec)
 		}
 	}
+	// Only a source producer that exists takes the recording over.
+	prefix.sourced.Store(true)
 	return p, nil
 }
 
@@ -286,6 +292,9 @@ func (p *SourceProducer) computing(res *scheduling.SchedulingResult) scheduling.
 // the header. It never fails the request: without a decision the prompt is
 // computed, as without the plugin.
 func (p *SourceProducer) PreRequest(ctx context.Context, request *scheduling.InferenceRequest, res *scheduling.SchedulingResult) error {
+	// The request's own speculative entries, recorded after the decision,
+	// must not make its computing pod look as if it held the prompt.
+	defer p.prefix.speculate(request, res)
 	delete(request.Headers, routing.KVCacheSourceHeader)
 	// A request scheduled again gives its earlier pull back.
 	if old, ok := scheduling.ReadRequestAttribute[*inflight](request, p.pullKey); ok {

@@ -31,7 +31,7 @@ import (
 // differs says why kvsource decides otherwise than upstream would, if it
 // does.
 func TestSourceProducerDecision(t *testing.T) {
-	const cpu, gpu = index.TierCPU, index.TierGPU
+	const cpu, gpu, spec = index.TierCPU, index.TierGPU, index.TierSpeculative
 	type setup func(w *world) ([]scheduling.Endpoint, *scheduling.SchedulingResult, *scheduling.InferenceRequest)
 	tests := []struct {
 		name       string
@@ -227,14 +227,31 @@ func TestSourceProducerDecision(t *testing.T) {
 			wantHeader: "10.0.0.2:8080", wantTokens: 48,
 		},
 		{
-			name: "TestProduce_SpeculativeOnlySource_NoStash: a pod whose blocks are in no pull tier is no source",
+			name: "TestProduce_SpeculativeOnlySource_NoStash: a pod holding the prompt only speculatively is no source",
 			setup: func(w *world) ([]scheduling.Endpoint, *scheduling.SchedulingResult, *scheduling.InferenceRequest) {
 				a, c := endpoint(ip(1), 0), endpoint(ip(9), 0)
-				w.hold(a, gpu, 0, 3)
+				w.hold(a, spec, 0, promptBlocks)
 				return []scheduling.Endpoint{a, c}, result(c, nil, ""), w.request("r")
 			},
-			differs: "kvsource indexes only what engines report, so there are no speculative entries; " +
-				"the rule the case protects, that only blocks a source can serve count, is the pull-tier rule, shown on GPU blocks",
+		},
+		{
+			name: "kvsource: a speculative-only pod is no source even when GPU blocks are pulled too",
+			cfg:  SourceConfig{PullTiers: []string{"gpu", "cpu"}},
+			setup: func(w *world) ([]scheduling.Endpoint, *scheduling.SchedulingResult, *scheduling.InferenceRequest) {
+				a, c := endpoint(ip(1), 0), endpoint(ip(9), 0)
+				w.hold(a, spec, 0, promptBlocks)
+				return []scheduling.Endpoint{a, c}, result(c, nil, ""), w.request("r")
+			},
+		},
+		{
+			name: "kvsource: a source's speculative blocks past its CPU run are not pulled",
+			setup: func(w *world) ([]scheduling.Endpoint, *scheduling.SchedulingResult, *scheduling.InferenceRequest) {
+				a, c := endpoint(ip(1), 0), endpoint(ip(9), 0)
+				w.hold(a, cpu, 0, 3)
+				w.hold(a, spec, 0, promptBlocks)
+				return []scheduling.Endpoint{a, c}, result(c, nil, ""), w.request("r")
+			},
+			wantHeader: "10.0.0.1:8080", wantTokens: 48,
 		},
 		{
 			name: "TestProduce_NoTierData_FallsBackToUnweighted: with every tier pullable, GPU blocks count",
@@ -257,6 +274,27 @@ func TestSourceProducerDecision(t *testing.T) {
 				w.hold(c, gpu, 0, 5)
 				return []scheduling.Endpoint{b, c}, result(c, nil, ""), w.request("r")
 			},
+		},
+		{
+			name: "TestPreRequest_ComputingSideCountsAllTiers: the computing pod's 5 speculative blocks count against 6 CPU blocks with a delta of 32",
+			cfg:  SourceConfig{MinCachedTokenDelta: 32},
+			setup: func(w *world) ([]scheduling.Endpoint, *scheduling.SchedulingResult, *scheduling.InferenceRequest) {
+				b, c := endpoint(ip(2), 0), endpoint(ip(9), 0)
+				w.hold(b, cpu, 0, 6)
+				w.hold(c, spec, 0, 5)
+				return []scheduling.Endpoint{b, c}, result(c, nil, ""), w.request("r")
+			},
+		},
+		{
+			name: "TestPreRequest_ComputingSideCountsAllTiers: the computing pod's 2 speculative blocks leave 64 tokens to pull against a delta of 32",
+			cfg:  SourceConfig{MinCachedTokenDelta: 32},
+			setup: func(w *world) ([]scheduling.Endpoint, *scheduling.SchedulingResult, *scheduling.InferenceRequest) {
+				b, c := endpoint(ip(2), 0), endpoint(ip(9), 0)
+				w.hold(b, cpu, 0, 6)
+				w.hold(c, spec, 0, 2)
+				return []scheduling.Endpoint{b, c}, result(c, nil, ""), w.request("r")
+			},
+			wantHeader: "10.0.0.2:8080", wantTokens: 64,
 		},
 		{
 			name: "kvsource: the computing pod is never drawn as its own source",
@@ -626,6 +664,7 @@ func TestSourceFactory(t *testing.T) {
 			wantKey: "PrefixCacheMatchInfoDataKey/" + PrefixProducerType,
 		},
 		{name: "an unknown parameter is refused", params: `{"minCachedTokenDelta":1,"bogus":1}`, wantErr: `unknown field "bogus"`},
+		{name: "speculative blocks as a pull tier are refused", params: `{"pullTiers":["cpu","Speculative"]}`, prefixName: PrefixProducerType, wantErr: "speculative blocks do not exist yet"},
 		{name: "a bad in-flight TTL is refused", params: `{"inflightTTL":"soon"}`, prefixName: PrefixProducerType, wantErr: "inflightTTL"},
 		{name: "unusable calibration samples are refused", params: `{"calibration":{"recompute":[],"pull":[]}}`, prefixName: PrefixProducerType, wantErr: "calibration"},
 		{name: "a missing prefix producer is refused", params: `{"prefixMatchInfoProducerName":"nope"}`, prefixName: PrefixProducerType, wantErr: "there is no plugin with the name 'nope'"},

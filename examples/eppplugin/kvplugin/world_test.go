@@ -39,9 +39,17 @@ type world struct {
 
 func newWorld(t testing.TB, cfg SourceConfig) *world {
 	t.Helper()
+	return newWorldWith(t, func(*PrefixConfig) {}, cfg)
+}
+
+// newWorldWith is newWorld with the prefix producer's parameters changed
+// by set.
+func newWorldWith(t testing.TB, set func(*PrefixConfig), cfg SourceConfig) *world {
+	t.Helper()
 	pcfg := DefaultPrefixConfig()
 	pcfg.TokenProcessorConfig = &TokenProcessorConfig{BlockSizeTokens: testBlockSize}
 	pcfg.KVEventsConfig = nil
+	set(&pcfg)
 	idx := index.New(index.Config{})
 	prefix, err := NewPrefixProducer(PrefixProducerType, pcfg, idx)
 	require.NoError(t, err)
@@ -106,13 +114,16 @@ func result(primary, prefill scheduling.Endpoint, prefillName string) *schedulin
 	return r
 }
 
-// decide runs a request through both producers and the source producer's
-// PreRequest, as the director does, and returns the request.
+// decide runs a request through both producers and their PreRequest hooks,
+// as the director does, and returns the request.
 func (w *world) decide(req *scheduling.InferenceRequest, eps []scheduling.Endpoint, res *scheduling.SchedulingResult) *scheduling.InferenceRequest {
 	w.t.Helper()
 	ctx := context.Background()
 	require.NoError(w.t, w.prefix.Produce(ctx, req, eps))
 	require.NoError(w.t, w.src.Produce(ctx, req, eps))
+	// The prefix producer's hook first: its speculative entries must not
+	// precede the pull decision whatever the order.
+	require.NoError(w.t, w.prefix.PreRequest(ctx, req, res))
 	require.NoError(w.t, w.src.PreRequest(ctx, req, res))
 	return req
 }

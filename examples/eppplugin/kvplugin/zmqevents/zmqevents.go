@@ -22,12 +22,16 @@ import (
 var _ kvplugin.SubscribeFunc = Subscribe
 
 // Subscribe returns a zmq.Subscriber applying vLLM's KV events to
-// cfg.Index, keyed by content when cfg.Hasher uses hashing.Content and by
+// cfg.Sink, else cfg.Index, keyed by content when cfg.Hasher uses hashing.Content and by
 // the engines' keys, checked against cfg.Hasher, otherwise.
 func Subscribe(cfg kvplugin.SubscriptionConfig) (kvplugin.Subscription, error) {
+	var sink events.Sink = cfg.Index
+	if cfg.Sink != nil {
+		sink = cfg.Sink
+	}
 	sc := zmq.SubscriberConfig{
 		Events: events.Config{
-			Sink:    cfg.Index,
+			Sink:    sink,
 			Workers: cfg.Workers,
 			Logger:  cfg.Logger,
 		},

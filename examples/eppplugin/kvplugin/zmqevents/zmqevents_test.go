@@ -144,3 +144,48 @@ func TestSGLangEventsOverZMQReachTheDecision(t *testing.T) {
 	prefix.Index().Lookup("m", keys, &res)
 	require.Equal(t, len(tokens), res.Holder(holder).Prefix)
 }
+
+// With speculativeIndexing the events go through the prefix producer's
+// speculative entries: a routed request's guess on a pod gives way to the
+// blocks its engine then reports over ZMQ.
+func TestKVEventsOverZMQReplaceSpeculativeEntries(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", testenv.FreePort(t))
+	handle := plugin.NewEppHandle(ctx, nil)
+	params := fmt.Sprintf(`{"tokenProcessorConfig":{"blockSizeTokens":16},"speculativeIndexing":true,"speculativeTTL":"1h",`+
+		`"kvEventsConfig":{"zmqEndpoint":%q,"discoverPods":false}}`, ep)
+	pl, err := kvplugin.PrefixFactory(Subscribe)(kvplugin.PrefixProducerType, plugin.StrictDecoder(json.RawMessage(params)), handle)
+	require.NoError(t, err)
+	prefix := pl.(*kvplugin.PrefixProducer)
+
+	rng := rand.New(rand.NewPCG(7, 8))
+	tokens := make([]uint32, 12*16)
+	for i := range tokens {
+		tokens[i] = rng.Uint32N(50000)
+	}
+	keys, err := prefix.Hasher().BlockKeys(nil, hashing.Request{Tokens: tokens})
+	require.NoError(t, err)
+	target := scheduling.NewEndpoint(&datalayer.EndpointMetadata{Address: "127.0.0.1", Port: "8000"}, nil, nil)
+	eps := []scheduling.Endpoint{target}
+	req := &scheduling.InferenceRequest{RequestID: "r", TargetModel: "m", Headers: map[string]string{},
+		Body: &requesthandling.InferenceRequestBody{TokenizedPrompt: &requesthandling.TokenizedPrompt{PerPromptTokens: [][]uint32{tokens}}}}
+	require.NoError(t, prefix.Produce(ctx, req, eps))
+	require.NoError(t, prefix.PreRequest(ctx, req, &scheduling.SchedulingResult{PrimaryProfileName: "default",
+		ProfileResults: map[string]*scheduling.ProfileRunResult{"default": {TargetEndpoints: eps}}}))
+	holder := index.Holder{Pod: "127.0.0.1:8000"}
+	require.Equal(t, len(keys), prefix.Index().HolderBlocks("m", holder)[index.TierSpeculative])
+
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Connect: ep, Topic: "kv@127.0.0.1:8000@m"})
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.WaitSubscribed(ctx))
+	_, err = pub.Publish(&events.Batch{Events: []events.Event{
+		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
+	}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		held := prefix.Index().HolderBlocks("m", holder)
+		return held[index.TierGPU] == len(keys) && held[index.TierSpeculative] == 0
+	}, 10*time.Second, 5*time.Millisecond)
+}
