@@ -74,6 +74,10 @@ type runSpec struct {
 	variant string
 	// figures, when set, adds the scenario's own figures to the result.
 	figures func(f *fleet, a *armResult)
+	// speculative makes the router index each routed request's blocks on
+	// its destination right after the pick (index.Speculative), before the
+	// destination's events say so.
+	speculative bool
 }
 
 // action is something that happens to the fleet at a virtual time.
@@ -247,6 +251,7 @@ func (f *fleet) arrive(ctx context.Context, r *request) {
 		f.fail(err)
 		return
 	}
+	f.sdk.ev.expireGuesses()
 	dest, err := f.place(r)
 	if err != nil {
 		f.fail(err)
@@ -264,6 +269,7 @@ func (f *fleet) arrive(ctx context.Context, r *request) {
 			return
 		}
 	}
+	f.sdk.ev.speculate(f.model, dest.holder(), r.keys)
 	dest.admit(r, o)
 }
 
