@@ -203,6 +203,9 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 	f.res.finish(f.spec.reqs)
 	if f.spec.figures != nil {
 		f.spec.figures(f, f.res)
+		if f.err != nil {
+			return nil, nil, f.err
+		}
 	}
 	// The requests outlive the fleet (in the results, and in the replay's
 	// list of arms): a link from them to a pod would keep every arm's

@@ -177,6 +177,12 @@ func specBurstFigures(f *fleet, a *armResult, prefixBlocks int) {
 	for _, p := range f.pods {
 		busy += p.compute.busy
 	}
+	// The last prefills' events may still be on their way: the counters
+	// are read once the index has applied them all.
+	if err := f.sdk.sync(f.ctx); err != nil {
+		f.fail(err)
+		return
+	}
 	st := f.sdk.ev.speculativeStats()
 	a.Figures = map[string]float64{
 		"compute_s":              busy,

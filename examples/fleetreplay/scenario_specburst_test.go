@@ -100,3 +100,16 @@ func TestSpecBurstFlagsAreValidated(t *testing.T) {
 		require.Contains(t, stderr.String(), tc.want)
 	}
 }
+
+func TestSpecBurstFiguresAreTheSameEveryRun(t *testing.T) {
+	var figs [2][]map[string]float64
+	for i := range figs {
+		a, b, c, d := runSpecBurst(t, specBurstShortOptions(t))
+		for _, arm := range []*armResult{a, b, c, d} {
+			figs[i] = append(figs[i], arm.Figures)
+		}
+	}
+	// The counters are read after the last events are applied, not while
+	// the subscriber may still be applying them.
+	require.Equal(t, figs[0], figs[1])
+}
