@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 
 	"github.com/kvsource/kvsource/index"
@@ -34,11 +36,17 @@ type specBurstOptions struct {
 	// window is the share of the prefix's prefill time the burst arrives
 	// in; gap is the control's spacing as a multiple of the longest
 	// prompt's prefill time.
-	window    float64
-	gap       float64
-	gpuBlocks int
-	cpuBlocks int
-	cost      CostModel
+	window float64
+	gap    float64
+	// busyRate is the req/s of the busy variant's other traffic: requests
+	// on prefixes of busyPrefix tokens, one held by each pod, with
+	// suffixes of suffixMin-suffixMax tokens; the burst starts busyAt s in.
+	busyRate   float64
+	busyPrefix int
+	busyAt     float64
+	gpuBlocks  int
+	cpuBlocks  int
+	cost       CostModel
 }
 
 func defaultSpecBurstOptions() specBurstOptions {
@@ -46,6 +54,7 @@ func defaultSpecBurstOptions() specBurstOptions {
 		requests: 8, pods: 4, spillAt: 4,
 		prefixTokens: 32768, suffixMin: 512, suffixMax: 2048,
 		window: 0.8, gap: 1.1,
+		busyRate: 8, busyPrefix: 16384, busyAt: 2,
 		gpuBlocks: 12000, cpuBlocks: 24000,
 		cost: llama8B,
 	}
@@ -56,6 +65,7 @@ func (so *specBurstOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&so.pods, "burst-pods", so.pods, "spec-burst: aggregated pods")
 	fs.IntVar(&so.spillAt, "burst-spill-at", so.spillAt, "spec-burst: requests in flight on the prefix holder before the router spills")
 	fs.IntVar(&so.prefixTokens, "burst-prefix", so.prefixTokens, "spec-burst: tokens of the new shared prefix")
+	fs.Float64Var(&so.busyRate, "burst-busy-rate", so.busyRate, "spec-burst: req/s of the busy variant's other traffic")
 	fs.Float64Var(&so.window, "burst-window", so.window, "spec-burst: the burst arrives within this share of the prefix's prefill time (0-1]")
 	fs.Var(costFlag{&so.cost}, "burst-cost", "spec-burst cost model, seconds: "+strings.Join(costKeys, "=,")+"=")
 }
@@ -70,6 +80,7 @@ func (so *specBurstOptions) validate(blockSize int) error {
 		{so.suffixMin > 0 && so.suffixMax >= so.suffixMin, "spec-burst suffixes need positive lengths"},
 		{so.window > 0 && so.window <= 1, "--burst-window must be in (0, 1]: the burst arrives within one prefill time"},
 		{so.gap > 1, "the spec-burst control must space requests further apart than a prefill"},
+		{so.busyRate > 0 && so.busyPrefix >= blockSize && so.busyAt >= 0, "--burst-busy-rate must be positive"},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -79,7 +90,7 @@ func (so *specBurstOptions) validate(blockSize int) error {
 	if err := so.cost.validate(); err != nil {
 		return fmt.Errorf("--burst-cost: %w", err)
 	}
-	if need := 2 * (so.prefixTokens + so.suffixMax) / blockSize; so.gpuBlocks < need || so.cpuBlocks < need {
+	if need := 2 * (max(so.prefixTokens, so.busyPrefix) + so.suffixMax) / blockSize; so.gpuBlocks < need || so.cpuBlocks < need {
 		return fmt.Errorf("spec-burst caches must hold at least %d blocks (two prompts)", need)
 	}
 	return nil
@@ -108,6 +119,26 @@ func burstRequests(seed uint64, so *specBurstOptions, name string, gap float64, 
 	return reqs
 }
 
+// busyBurst is the burst starting at so.busyAt among other traffic: Poisson
+// arrivals at so.busyRate for as long as the burst lasts and as long again
+// after it, each on one of prefixes (one per pod), in arrival order.
+func busyBurst(seed uint64, so *specBurstOptions, burst []*request, prefixes []*prompt, longest float64) []*request {
+	end := so.busyAt + 2*(burst[len(burst)-1].arrival+longest) + 1
+	other := poissonLoad(seed, prefixes, so.busyRate, end, so.suffixMin, so.suffixMax)
+	var out []*request
+	for _, r := range burst {
+		b := *r
+		b.arrival += so.busyAt
+		out = append(out, &b)
+	}
+	out = append(out, other...)
+	slices.SortStableFunc(out, func(a, b *request) int { return cmp.Compare(a.arrival, b.arrival) })
+	for i, r := range out {
+		r.id = i
+	}
+	return out
+}
+
 func (o *options) specBurstScenario() *scenario {
 	so := &o.sb
 	prefill := so.cost.Prefill(0, so.prefixTokens)
@@ -119,8 +150,11 @@ func (o *options) specBurstScenario() *scenario {
 	// first token and its events are in: with the defaults sooner than the
 	// TTL, so that the engine's events, not the expiry, retire the guesses.
 	spacedGap := so.gap * (longest + so.cost.FirstToken)
+	burst := burstRequests(o.seed, so, "burst", burstGap, true)
+	busyPrefixes := sharedPrefixes(o.seed+3, so.pods, so.busyPrefix)
 	variants := map[string][]*request{
-		"burst":   burstRequests(o.seed, so, "burst", burstGap, true),
+		"burst":   burst,
+		"busy":    busyBurst(o.seed, so, burst, busyPrefixes, longest),
 		"control": burstRequests(o.seed, so, "spaced", spacedGap, false),
 	}
 	return &scenario{
@@ -128,18 +162,24 @@ func (o *options) specBurstScenario() *scenario {
 		title: fmt.Sprintf("Burst on a new prefix: %d requests share a %d-token prefix no pod holds, within one prefill of it",
 			so.requests, so.prefixTokens),
 		setup: fmt.Sprintf("%d aggregated pods, %s placement (spill at %d in flight), P2P on; burst within %.2f s, prefill of the prefix %.2f s alone; "+
+			"busy: the burst at %g s among %g req/s of other traffic on %d-token prefixes, one held by each pod (the p50/p90 columns are over all; burst_ and other_ figures apart); "+
 			"control: the same requests %.2f s apart (longer than any of their prefills; TTL %g s); speculative indexing records each routed request's blocks on its destination right after the pick (index.Speculative, default TTL and bound)",
-			so.pods, placeSpill, so.spillAt, so.window*prefill, prefill, spacedGap, index.DefaultSpeculativeTTL.Seconds()),
-		points:    []point{{variant: "burst"}, {variant: "control"}},
+			so.pods, placeSpill, so.spillAt, so.window*prefill, prefill, so.busyAt, so.busyRate, so.busyPrefix, spacedGap, index.DefaultSpeculativeTTL.Seconds()),
+		points:    []point{{variant: "burst"}, {variant: "busy"}, {variant: "control"}},
 		versus:    "speculative",
 		published: []string{"(not measured; llm-d's reason for speculativeIndexing) a burst on a new prefix spreads across pods before any KV event arrives"},
 		ours: func(s *scenarioResult) []string {
 			var out []string
 			for i := 0; i+1 < len(s.Arms); i += 2 {
 				off, on := s.Arms[i], s.Arms[i+1]
-				out = append(out, fmt.Sprintf("%s: pods that computed the prefix %.0f -> %.0f, prefix tokens computed %.0f -> %.0f, compute %.2f -> %.2f s, TTFT p50 %.2f -> %.2f s, p90 %.2f -> %.2f s",
+				line := fmt.Sprintf("%s: pods that computed the prefix %.0f -> %.0f, prefix tokens computed %.0f -> %.0f, compute %.2f -> %.2f s, burst TTFT p50 %.2f -> %.2f s, p90 %.2f -> %.2f s",
 					off.Variant, off.Figures["prefix_pods"], on.Figures["prefix_pods"], off.Figures["prefix_tokens_computed"], on.Figures["prefix_tokens_computed"],
-					off.Figures["compute_s"], on.Figures["compute_s"], off.P50, on.P50, off.P90, on.P90))
+					off.Figures["compute_s"], on.Figures["compute_s"], off.Figures["burst_p50_s"], on.Figures["burst_p50_s"], off.Figures["burst_p90_s"], on.Figures["burst_p90_s"])
+				if _, ok := off.Figures["other_p50_s"]; ok {
+					line += fmt.Sprintf("; other traffic p50 %.2f -> %.2f s, p90 %.2f -> %.2f s",
+						off.Figures["other_p50_s"], on.Figures["other_p50_s"], off.Figures["other_p90_s"], on.Figures["other_p90_s"])
+				}
+				out = append(out, line)
 			}
 			return out
 		},
@@ -150,24 +190,47 @@ func (o *options) specBurstScenario() *scenario {
 				gpuBlocks: so.gpuBlocks, cpuBlocks: so.cpuBlocks, cost: so.cost, hashing: o.hashing, minDelta: o.minDelta,
 				reqs: cloneRequests(variants[pt.variant]),
 			}
+			if pt.variant == "busy" {
+				sp.warm = func(f *fleet) error {
+					for i, pr := range busyPrefixes {
+						if err := f.warmPrompt(pr, f.pods[i]); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+			}
 			if speculative {
 				sp.armName = "with speculative"
 			}
-			sp.figures = func(f *fleet, a *armResult) { specBurstFigures(f, a, so.prefixTokens/f.blockSize) }
+			// The control draws its own prompt of the same tokens.
+			pre := burst[0].prefix
+			if pt.variant == "control" {
+				pre = variants["control"][0].prefix
+			}
+			sp.figures = func(f *fleet, a *armResult) { specBurstFigures(f, a, pre) }
 			return sp
 		},
 	}
 }
 
-// specBurstFigures counts the pods that computed any block of the shared
-// prefix (a request whose prompt was not cached, pulled or landed on its pod
-// up to the prefix's end), the prefix tokens computed, the pods' busy
-// compute seconds (what the fleet had left for other traffic is the rest),
-// and the speculative entries' fate.
-func specBurstFigures(f *fleet, a *armResult, prefixBlocks int) {
+// specBurstFigures counts the pods that computed any block of the burst's
+// prefix pre (a burst request whose prompt was not cached, pulled or landed
+// on its pod up to the prefix's end), the prefix tokens computed, the pods'
+// busy compute seconds (what the fleet had left for other traffic is the
+// rest), the burst's and the other traffic's TTFT, and the speculative
+// entries' fate.
+func specBurstFigures(f *fleet, a *armResult, pre *prompt) {
+	prefixBlocks := len(pre.tokens) / f.blockSize
 	pods := map[string]bool{}
 	computed := 0
+	var burst, other []float64
 	for _, r := range f.spec.reqs {
+		if r.prefix != pre {
+			other = append(other, r.ttft)
+			continue
+		}
+		burst = append(burst, r.ttft)
 		if l := r.localBlocks + r.pulledBlocks; l < prefixBlocks {
 			pods[r.destName] = true
 			computed += prefixBlocks - l
@@ -190,5 +253,16 @@ func specBurstFigures(f *fleet, a *armResult, prefixBlocks int) {
 		"prefix_tokens_computed": float64(computed * f.blockSize),
 		"speculative_recorded":   float64(st.Recorded),
 		"speculative_replaced":   float64(st.Replaced),
+	}
+	for _, g := range []struct {
+		name string
+		xs   []float64
+	}{{"burst_", burst}, {"other_", other}} {
+		if len(g.xs) == 0 {
+			continue
+		}
+		slices.Sort(g.xs)
+		a.Figures[g.name+"p50_s"] = quantile(g.xs, 0.5)
+		a.Figures[g.name+"p90_s"] = quantile(g.xs, 0.9)
 	}
 }

@@ -22,7 +22,7 @@ func specBurstShortOptions(t *testing.T) *options {
 	return &o
 }
 
-func runSpecBurst(t *testing.T, o *options) (burstOff, burstOn, controlOff, controlOn *armResult) {
+func runSpecBurst(t *testing.T, o *options) (arms []*armResult) {
 	t.Helper()
 	a := &auditor{}
 	o.audit = a.check
@@ -30,10 +30,11 @@ func runSpecBurst(t *testing.T, o *options) (burstOff, burstOn, controlOff, cont
 	require.NoError(t, err)
 	require.Empty(t, a.problems)
 	require.Len(t, res, 1)
-	arms := res[0].Arms
-	require.Len(t, arms, 4)
+	arms = res[0].Arms
+	require.Len(t, arms, 6)
 	for i, want := range []struct{ variant, arm string }{
 		{"burst", "without speculative"}, {"burst", "with speculative"},
+		{"busy", "without speculative"}, {"busy", "with speculative"},
 		{"control", "without speculative"}, {"control", "with speculative"},
 	} {
 		require.Equal(t, want.variant, arms[i].Variant)
@@ -41,12 +42,13 @@ func runSpecBurst(t *testing.T, o *options) (burstOff, burstOn, controlOff, cont
 		require.Zero(t, arms[i].Events.HashMismatches)
 		require.Zero(t, arms[i].Events.Unrecovered)
 	}
-	return arms[0], arms[1], arms[2], arms[3]
+	return arms
 }
 
 func TestSpeculativeIndexingKeepsABurstOnANewPrefixOffMostPods(t *testing.T) {
 	o := specBurstShortOptions(t)
-	off, on, _, _ := runSpecBurst(t, o)
+	arms := runSpecBurst(t, o)
+	off, on := arms[0], arms[1]
 	so := o.sb
 	// Without speculation no request of the burst sees a holder: each pod
 	// the least-loaded fallback reaches computes the prefix.
@@ -67,11 +69,21 @@ func TestSpeculativeIndexingKeepsABurstOnANewPrefixOffMostPods(t *testing.T) {
 	// best holder, by the speculative entries alone.
 	require.Equal(t, so.requests-int(on.Figures["prefix_pods"]), on.Decisions["self"])
 	require.Zero(t, off.Decisions["self"])
+
+	// Among other traffic the burst spreads alike, and the compute it
+	// saves is the other traffic's.
+	busyOff, busyOn := arms[2], arms[3]
+	require.Equal(t, off.Figures["prefix_pods"], busyOff.Figures["prefix_pods"])
+	require.Equal(t, on.Figures["prefix_pods"], busyOn.Figures["prefix_pods"])
+	require.Less(t, busyOn.Figures["compute_s"], busyOff.Figures["compute_s"])
+	require.Equal(t, busyOff.PullsIssued, busyOff.PullsVerified)
+	require.Equal(t, busyOn.PullsIssued, busyOn.PullsVerified)
 }
 
 func TestSpeculativeIndexingChangesNothingForRequestsSpacedBeyondAPrefill(t *testing.T) {
 	o := specBurstShortOptions(t)
-	_, _, off, on := runSpecBurst(t, o)
+	arms := runSpecBurst(t, o)
+	off, on := arms[4], arms[5]
 	require.Equal(t, off.ttft, on.ttft, "every TTFT as without speculation")
 	for i, r := range off.reqs {
 		require.Equal(t, r.destName, on.reqs[i].destName, r.name)
@@ -104,8 +116,7 @@ func TestSpecBurstFlagsAreValidated(t *testing.T) {
 func TestSpecBurstFiguresAreTheSameEveryRun(t *testing.T) {
 	var figs [2][]map[string]float64
 	for i := range figs {
-		a, b, c, d := runSpecBurst(t, specBurstShortOptions(t))
-		for _, arm := range []*armResult{a, b, c, d} {
+		for _, arm := range runSpecBurst(t, specBurstShortOptions(t)) {
 			figs[i] = append(figs[i], arm.Figures)
 		}
 	}
