@@ -24,7 +24,12 @@ var errEvents = errors.New("events lost or mistrusted")
 // zmq.Subscriber, bound on a free loopback port, with a replay socket of
 // its own; the subscriber applies the events to an index.Index.
 type eventPath struct {
-	idx     *index.Index
+	idx *index.Index
+	// spec, when the arm indexes routed requests speculatively, holds
+	// their entries in idx and is the subscriber's sink, so that the
+	// pods' own events replace them.
+	spec    *index.Speculative
+	now     func() time.Time
 	sub     *zmq.Subscriber
 	pubs    []*zmq.Publisher
 	pods    []*pod
@@ -43,9 +48,12 @@ type eventPath struct {
 
 func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 	e.timeout = opt.syncTimeout
-	e.idx = index.New(index.Config{})
+	if f.spec.speculative {
+		e.now = f.clk.wall
+	}
+	e.setIndex(index.New(index.Config{}))
 	cfg := zmq.SubscriberConfig{
-		Events: events.Config{Sink: e.idx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Events: events.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		Bind:   []string{"tcp://127.0.0.1:0"},
 		// The simulated pods' addresses are names: every pod publishes
 		// from loopback, which sender verification would refuse.
@@ -101,6 +109,9 @@ func (e *eventPath) open(ctx context.Context, f *fleet, opt sdkOptions) error {
 func (e *eventPath) startSubscriber(ctx context.Context, seqs map[index.Holder]uint64) error {
 	cfg := e.cfg
 	cfg.Events.Sink, cfg.Events.InitialSeqs = e.idx, seqs
+	if e.spec != nil {
+		cfg.Events.Sink = e.spec
+	}
 	var err error
 	if e.sub, err = zmq.NewSubscriber(cfg); err != nil {
 		return err
@@ -167,12 +178,14 @@ func (e *eventPath) restartRouter(ctx context.Context, snapshot string) error {
 	e.before = st
 	var seqs map[index.Holder]uint64
 	if snapshot == "" {
-		e.idx = index.New(index.Config{})
+		e.setIndex(index.New(index.Config{}))
 	} else {
-		var err error
-		if e.idx, seqs, err = index.LoadFile(snapshot, index.Config{}); err != nil {
+		ix, s, err := index.LoadFile(snapshot, index.Config{})
+		if err != nil {
 			return err
 		}
+		e.setIndex(ix)
+		seqs = s
 	}
 	// libzmq closes the old socket in its own thread: the new one binds
 	// the same port once it is free, and tries again if it lost the race.
@@ -257,6 +270,46 @@ func (e *eventPath) handshake(ctx context.Context, every time.Duration) error {
 }
 
 func (e *eventPath) index() *index.Index { return e.idx }
+
+// setIndex makes ix the router's index, with speculative entries of its own
+// when the arm records them (a restarted router's guesses are gone with
+// its index).
+func (e *eventPath) setIndex(ix *index.Index) {
+	e.idx = ix
+	if e.now != nil {
+		// The default TTL and byte bound, as kvsource serve and llm-d
+		// have them; the virtual clock, so that entries expire in
+		// replayed time.
+		e.spec = index.NewSpeculative(ix, index.SpeculativeConfig{Now: e.now})
+	}
+}
+
+// expireGuesses drops the speculative entries past their TTL, which a
+// router's Speculative.Run does on a ticker: the replay does it before each
+// decision, in virtual time.
+func (e *eventPath) expireGuesses() {
+	if e.spec != nil {
+		e.spec.Expire()
+	}
+}
+
+// speculate records a routed request's blocks on its destination at once,
+// as a router does right after the pick. It does nothing for an arm without
+// speculative indexing.
+func (e *eventPath) speculate(model string, h index.Holder, keys []uint64) {
+	if e.spec != nil {
+		e.spec.Record(model, h, keys)
+	}
+}
+
+// speculativeStats returns the speculative entries' counters (zero without
+// speculative indexing).
+func (e *eventPath) speculativeStats() index.SpeculativeStats {
+	if e.spec == nil {
+		return index.SpeculativeStats{}
+	}
+	return e.spec.Stats()
+}
 
 func (e *eventPath) publish(p *pod, b *events.Batch) error {
 	if _, err := e.pubs[p.idx].Publish(b); err != nil {

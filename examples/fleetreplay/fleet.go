@@ -74,6 +74,10 @@ type runSpec struct {
 	variant string
 	// figures, when set, adds the scenario's own figures to the result.
 	figures func(f *fleet, a *armResult)
+	// speculative makes the router index each routed request's blocks on
+	// its destination right after the pick (index.Speculative), before the
+	// destination's events say so.
+	speculative bool
 }
 
 // action is something that happens to the fleet at a virtual time.
@@ -199,6 +203,9 @@ func (f *fleet) run(ctx context.Context) (*armResult, []int, error) {
 	f.res.finish(f.spec.reqs)
 	if f.spec.figures != nil {
 		f.spec.figures(f, f.res)
+		if f.err != nil {
+			return nil, nil, f.err
+		}
 	}
 	// The requests outlive the fleet (in the results, and in the replay's
 	// list of arms): a link from them to a pod would keep every arm's
@@ -247,6 +254,7 @@ func (f *fleet) arrive(ctx context.Context, r *request) {
 		f.fail(err)
 		return
 	}
+	f.sdk.ev.expireGuesses()
 	dest, err := f.place(r)
 	if err != nil {
 		f.fail(err)
@@ -264,6 +272,7 @@ func (f *fleet) arrive(ctx context.Context, r *request) {
 			return
 		}
 	}
+	f.sdk.ev.speculate(f.model, dest.holder(), r.keys)
 	dest.admit(r, o)
 }
 

@@ -112,9 +112,10 @@ type scenarioResult struct {
 	// of requests.
 	Pricing []pricingRow `json:"pricing,omitempty"`
 
-	ours  func(s *scenarioResult) []string
-	table func(w io.Writer, s *scenarioResult)
-	plot  func(dir string, s *scenarioResult) ([]string, error)
+	ours   func(s *scenarioResult) []string
+	versus string // what the second arm of each pair adds ("": P2P)
+	table  func(w io.Writer, s *scenarioResult)
+	plot   func(dir string, s *scenarioResult) ([]string, error)
 }
 
 func humanBytes(n int64) string {
@@ -173,6 +174,10 @@ func writeArms(w io.Writer, s *scenarioResult) {
 			rate, a.Arm, a.Requests, a.P50, a.P90, a.P99, a.Throughput, a.PullsIssued, a.PullsVerified, humanBytes(a.BytesMoved))
 	}
 	tw.Flush()
+	versus := s.versus
+	if versus == "" {
+		versus = "P2P"
+	}
 	for i := 0; i+1 < len(s.Arms); i += 2 {
 		off, on := s.Arms[i], s.Arms[i+1]
 		if off.P50 <= 0 || off.Throughput <= 0 {
@@ -185,7 +190,7 @@ func writeArms(w io.Writer, s *scenarioResult) {
 		case off.Rate > 0:
 			rate = fmt.Sprintf(" at %g req/s", off.Rate)
 		}
-		fmt.Fprintf(w, "  P2P%s: p50 %+.0f%%, p90 %+.0f%%, throughput %+.0f%%\n", rate,
+		fmt.Fprintf(w, "  %s%s: p50 %+.0f%%, p90 %+.0f%%, throughput %+.0f%%\n", versus, rate,
 			100*(on.P50/off.P50-1), 100*(on.P90/off.P90-1), 100*(on.Throughput/off.Throughput-1))
 	}
 	for _, a := range s.Arms {

@@ -71,6 +71,7 @@ type options struct {
 	routerSnapshotAge  float64
 	routerReplaySteps  int
 	pf                 prefetchOptions
+	sb                 specBurstOptions
 	blockBytes         int
 	hashCheck          bool
 	scenarios          []string
@@ -117,6 +118,7 @@ func defaultOptions() options {
 		spillCost:    llama8B,
 		controlRate:  8,
 		pf:           defaultPrefetchOptions(),
+		sb:           defaultSpecBurstOptions(),
 
 		studyScale:         8,
 		pdConversations:    24,
@@ -159,6 +161,9 @@ type scenario struct {
 	// computes the replay's figures to set beside them.
 	published []string
 	ours      func(s *scenarioResult) []string
+	// versus names what the second arm of each pair adds, in the
+	// comparison line ("" : P2P).
+	versus string
 	// run, when set, replaces the fleet replay (a scenario without a
 	// router, such as pricing).
 	run func(ctx context.Context, o *options) (*scenarioResult, error)
@@ -198,6 +203,7 @@ var registry = []struct {
 	{"router-restart", (*options).routerRestartScenario},
 	{"cpu-restore", (*options).cpuRestoreScenario},
 	{"prefetch", (*options).prefetchScenario},
+	{"spec-burst", (*options).specBurstScenario},
 }
 
 func scenarioNames() []string {
@@ -361,6 +367,9 @@ func (o *options) validate() error {
 	if err := o.pf.validate(o.hashing.BlockSize); err != nil {
 		return err
 	}
+	if err := o.sb.validate(o.hashing.BlockSize); err != nil {
+		return err
+	}
 	// A tier must hold a few whole prompts, or requests evict their own
 	// blocks while they run.
 	bs := o.hashing.BlockSize
@@ -434,7 +443,7 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 			continue
 		}
 		if cur == nil || cur.Name != pr.sc.name {
-			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup, Published: pr.sc.published, ours: pr.sc.ours}
+			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup, Published: pr.sc.published, ours: pr.sc.ours, versus: pr.sc.versus}
 			out = append(out, cur)
 		}
 		offRes, placed, err := runOne(ctx, pr.off, opt, bar, o.audit)
