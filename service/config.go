@@ -50,8 +50,9 @@ type Config struct {
 	EventsAllow         []netip.Prefix
 	EventsNoSenderCheck bool
 	// EventsPodsPerSender bounds the pods, and the holders (pod x
-	// data-parallel rank), one sender publishes for
-	// on EventsBind (zmq.SubscriberConfig.MaxPodsPerSender); zero:
+	// data-parallel rank), one sender publishes for: the peer's address on
+	// EventsBind, the pod on EventsConnect (zmq.SubscriberConfig's
+	// MaxPodsPerSender, events.Config.MaxHoldersPerSender); zero:
 	// DefaultEventsPodsPerSender.
 	EventsPodsPerSender int
 	// EventsLogBudget bounds the log lines of each kind a second across
