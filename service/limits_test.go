@@ -201,8 +201,9 @@ func slowBody(t *testing.T, url, first string) (finish func(rest string), status
 		resp.Body.Close()
 		ch <- resp.StatusCode
 	}()
-	_, err := pw.Write([]byte(first))
-	require.NoError(t, err)
+	// A body the server refuses before it has all of first (past
+	// --max-body-memory) fails this write: its status says so.
+	_, _ = pw.Write([]byte(first))
 	return func(rest string) {
 		_, _ = pw.Write([]byte(rest))
 		_ = pw.Close()
