@@ -352,7 +352,11 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
-	fs.Visit(func(f *flag.Flag) { cfg.NATS.set = append(cfg.NATS.set, f.Name) })
+	given := map[string]bool{} // the flags on the command line
+	fs.Visit(func(f *flag.Flag) {
+		given[f.Name] = true
+		cfg.NATS.set = append(cfg.NATS.set, f.Name)
+	})
 	if err := cfg.NATS.secretFiles(); err != nil {
 		return cfg, err
 	}
@@ -379,8 +383,6 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	if cfg.EventsEngine, err = events.ParseEngine(engine); err != nil {
 		return cfg, fmt.Errorf("--events-engine: %w", err)
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if !given["algo"] {
 		cfg.Algo = ""
 	}
