@@ -373,6 +373,11 @@ func TestIndexMatchesOrderedModel(t *testing.T) {
 		{"no limits", propConfig{models: 2, holders: 6, ops: 1000, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1, 9}}, Config{MaxHolderBlocks: -1}},
 		{"capacities", propConfig{models: 1, holders: 5, ops: 1000, maxLen: 100, tiers: []string{"GPU", "CPU", "disk"}, groups: []int{0}}, Config{HolderCapacity: 150, MaxHolderBlocks: -1}},
 		{"budget", propConfig{models: 2, holders: 7, ops: 1000, maxLen: 80, tiers: []string{"GPU", "CPU"}, groups: []int{0, 2}}, Config{MaxHolderBlocks: 400}},
+		// The same with blocks kept in the layer: all of them, or those
+		// two holders hold.
+		{"no limits/shared", propConfig{models: 2, holders: 6, ops: 1000, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1, 9}}, Config{MaxHolderBlocks: -1, ShareThreshold: 1}},
+		{"capacities/shared", propConfig{models: 1, holders: 5, ops: 1000, maxLen: 100, tiers: []string{"GPU", "CPU", "disk"}, groups: []int{0}}, Config{HolderCapacity: 150, MaxHolderBlocks: -1, ShareThreshold: 2}},
+		{"budget/shared", propConfig{models: 2, holders: 7, ops: 1000, maxLen: 80, tiers: []string{"GPU", "CPU"}, groups: []int{0, 2}}, Config{MaxHolderBlocks: 400, ShareThreshold: 2}},
 	}
 	seeds := 3
 	if testing.Short() || raceEnabled {

@@ -6,8 +6,9 @@ import (
 	"sync/atomic"
 )
 
-// maxTiers bounds the tiers of one holder: FIFO entries name a tier in a byte.
-const maxTiers = 255
+// maxTiers bounds the tiers of one holder: FIFO entries name a tier in a
+// byte, below the bytes of layer entries (fifoLayer on).
+const maxTiers = fifoLayer
 
 // tierState is one holder's blocks in one tier.
 type tierState struct {
@@ -26,6 +27,8 @@ type tierState struct {
 	// HolderBlocks after each write.
 	live int64
 	held atomic.Int64
+	// migrated counts the table's slots marked metaMigrated. Writer only.
+	migrated int
 }
 
 // holderState is one holder's blocks for one model. Its mutex serialises
@@ -50,6 +53,18 @@ type holderState struct {
 	// keys of the chain starts a rebuild drops.
 	scratch []int32
 	dropped []uint64
+	// queued counts the holdings the FIFO names from head on (a run of
+	// layer entries names several).
+	queued int
+
+	// The holder's part of its model's layer: its id there + 1 (0 while
+	// it has none), its holdings per lane (laneLive, writer only;
+	// laneHeld, published), and the groups of layer holdings held for
+	// groups other than just 0, by layerGroupKey.
+	lid        atomic.Uint32
+	laneLive   [layerLanes]int64
+	laneHeld   [layerLanes]atomic.Int64
+	laneGroups map[uint64][]int
 }
 
 func newHolderState(ms *modelState, h Holder, capacity int64) *holderState {
@@ -142,6 +157,10 @@ func (ts *tierState) setGroups(t *table, i int, groups uint64) int {
 	next := m&^metaGroups | groups
 	switch {
 	case !was && now:
+		if next&metaMigrated != 0 {
+			next &^= metaMigrated
+			ts.migrated--
+		}
 		p := parentOf(m)
 		if p >= 0 {
 			if pm := t.slots[p].loadMeta(); !held(pm) {
@@ -303,11 +322,70 @@ func (hs *holderState) publish() {
 			ts.held.Store(ts.live)
 		}
 	}
+	for l := range hs.laneLive {
+		if hs.laneHeld[l].Load() != hs.laneLive[l] {
+			hs.laneHeld[l].Store(hs.laneLive[l])
+		}
+	}
 }
 
 func (hs *holderState) push(ti int, i int) {
 	hs.fifoTier = append(hs.fifoTier, uint8(ti))
 	hs.fifoSlot = append(hs.fifoSlot, uint32(i))
+	hs.queued++
+}
+
+// pushLayer queues the holding of layer entry e in lane, in the run of the
+// entry before it when the last item is that run. ly.mu is held.
+func (hs *holderState) pushLayer(ly *layer, e int, lane int) {
+	ly.at(uint32(e)).refs++
+	hs.queued++
+	var w fifoWriter
+	w.tier, w.slot, w.w, w.floor = hs.fifoTier, hs.fifoSlot, len(hs.fifoSlot), hs.head
+	w.putLayer(uint32(e), lane)
+	hs.fifoTier, hs.fifoSlot = w.tier[:w.w], w.slot[:w.w]
+}
+
+// fifoWriter writes FIFO items at w, merging layer entries into runs with
+// the items from floor on; w never passes the item being read when it
+// rewrites a FIFO in place.
+type fifoWriter struct {
+	tier     []uint8
+	slot     []uint32
+	w, floor int
+}
+
+func (f *fifoWriter) put(t uint8, s uint32) {
+	if f.w < len(f.tier) {
+		f.tier[f.w], f.slot[f.w] = t, s
+	} else {
+		f.tier, f.slot = append(f.tier[:f.w], t), append(f.slot[:f.w], s)
+	}
+	f.w++
+}
+
+func (f *fifoWriter) putLayer(e uint32, lane int) {
+	if n := f.w; n > f.floor {
+		switch t := f.tier[n-1]; {
+		case t == fifoRunLen && n-2 >= f.floor:
+			ln := f.slot[n-1]
+			if int(ln>>runLaneShift) == lane && f.slot[n-2]+ln&runMax == e && ln&runMax < runMax {
+				f.slot[n-1]++
+				return
+			}
+		case t == fifoLayer+uint8(lane) && f.slot[n-1]+1 == e:
+			f.tier[n-1] = fifoRun
+			f.put(fifoRunLen, uint32(lane)<<runLaneShift|2)
+			return
+		}
+	}
+	f.put(fifoLayer+uint8(lane), e)
+}
+
+// runAt decodes the run whose first item is at r.
+func (hs *holderState) runAt(r int) (first uint32, lane int, n uint32) {
+	ln := hs.fifoSlot[r+1]
+	return hs.fifoSlot[r], int(ln >> runLaneShift), ln & runMax
 }
 
 // evict drops up to n of the oldest holdings and returns how many it dropped.
@@ -318,16 +396,69 @@ func (hs *holderState) evict(n int64) int64 {
 		ahead := hs.fifoSlot[hs.head:min(len(hs.fifoSlot), hs.head+int(min(n, 64)))]
 		hs.sink += tiers[0].tab.Load().prefetchSlots(ahead)
 	}
+	var ly *layer
+	defer func() {
+		if ly != nil {
+			ly.mu.Unlock()
+		}
+	}()
+	lock := func() *layer {
+		if ly == nil {
+			ly = hs.ms.layer
+			ly.mu.Lock()
+		}
+		return ly
+	}
 	for done < n && hs.head < len(hs.fifoSlot) {
-		ti, i := hs.fifoTier[hs.head], int(hs.fifoSlot[hs.head])
-		hs.head++
-		ts := tiers[ti]
-		t := ts.tab.Load()
-		if held(t.slots[i].loadMeta()) && ts.drop(t, i, t.slots[i].loadKey()) {
-			done++
+		ti, i := hs.fifoTier[hs.head], hs.fifoSlot[hs.head]
+		switch {
+		case ti < fifoLayer:
+			hs.head++
+			hs.queued--
+			ts := tiers[ti]
+			t := ts.tab.Load()
+			m := t.slots[i].loadMeta()
+			switch {
+			case held(m):
+				if ts.drop(t, int(i), t.slots[i].loadKey()) {
+					done++
+				}
+			case m&metaMigrated != 0 && hs.lid.Load() != 0:
+				if hs.dropMigrated(lock(), ts.name, t.slots[i].loadKey()) {
+					done++
+				}
+			}
+		case ti == fifoRun:
+			ly := lock()
+			e, lane, cnt := hs.runAt(hs.head)
+			for cnt > 0 && done < n {
+				if hs.dropIfHeld(ly, e, lane) {
+					done++
+				}
+				ly.release(e)
+				e, cnt = e+1, cnt-1
+				hs.queued--
+			}
+			if cnt == 0 {
+				hs.head += 2
+			} else {
+				hs.fifoSlot[hs.head], hs.fifoSlot[hs.head+1] = e, uint32(lane)<<runLaneShift|cnt
+			}
+		default:
+			ly := lock()
+			hs.head++
+			hs.queued--
+			if hs.dropIfHeld(ly, i, int(ti-fifoLayer)) {
+				done++
+			}
+			ly.release(i)
 		}
 	}
 	hs.live.Add(-done)
+	if ly != nil {
+		ly.mu.Unlock()
+		ly = nil
+	}
 	hs.maybeCompact()
 	return done
 }
@@ -336,11 +467,11 @@ func (hs *holderState) evict(n int64) int64 {
 // live ones, and the consumed front once it outgrows the rest, so the FIFO
 // stays proportional to what the holder holds.
 func (hs *holderState) maybeCompact() {
-	pending := len(hs.fifoSlot) - hs.head
-	if pending >= 1024 && int64(pending) >= 2*hs.live.Load() {
+	if hs.queued >= 1024 && int64(hs.queued) >= 2*hs.live.Load() {
 		hs.compact()
 		return
 	}
+	pending := len(hs.fifoSlot) - hs.head
 	if hs.head >= 1024 && hs.head >= pending {
 		n := copy(hs.fifoSlot, hs.fifoSlot[hs.head:])
 		copy(hs.fifoTier, hs.fifoTier[hs.head:])
@@ -348,9 +479,15 @@ func (hs *holderState) maybeCompact() {
 	}
 }
 
-// compact rewrites the FIFO keeping, for every held (tier, slot), its newest
-// entry.
+// compact rewrites the FIFO keeping, for every holding, its newest entry.
 func (hs *holderState) compact() {
+	if hs.lid.Load() != 0 {
+		ly := hs.ms.layer
+		ly.mu.Lock()
+		hs.compactLayered(ly)
+		ly.mu.Unlock()
+		return
+	}
 	tiers := hs.tierList()
 	seen := make([][]uint64, len(tiers))
 	for ti, ts := range tiers {
@@ -370,18 +507,121 @@ func (hs *holderState) compact() {
 	n := copy(hs.fifoSlot, hs.fifoSlot[w:])
 	copy(hs.fifoTier, hs.fifoTier[w:])
 	hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:n], hs.fifoTier[:n], 0
+	hs.queued = n
 }
 
-// dropTiers removes the FIFO entries of the tiers marked gone.
-func (hs *holderState) dropTiers(gone []bool) {
-	w := 0
-	for r := hs.head; r < len(hs.fifoSlot); r++ {
-		if !gone[hs.fifoTier[r]] {
-			hs.fifoTier[w], hs.fifoSlot[w] = hs.fifoTier[r], hs.fifoSlot[r]
-			w++
+// compactLayered is compact for a holder with layer holdings. ly.mu is held.
+func (hs *holderState) compactLayered(ly *layer) {
+	tiers := hs.tierList()
+	id := hs.lid.Load() - 1
+	seen := make([][]uint64, len(tiers))
+	for ti, ts := range tiers {
+		seen[ti] = make([]uint64, (len(ts.tab.Load().slots)+63)/64)
+	}
+	seenLayer := make(map[uint64]bool)
+	type item struct {
+		tier uint8
+		slot uint32
+	}
+	var kept []item // newest first
+	keepLayer := func(e uint32, lane int) {
+		k := layerGroupKey(e, lane)
+		if en := ly.at(e); en.lanes[lane].has(id) && !seenLayer[k] {
+			seenLayer[k] = true
+			kept = append(kept, item{fifoLayer + uint8(lane), e})
 		}
 	}
+	for r := len(hs.fifoSlot) - 1; r >= hs.head; r-- {
+		ti, i := hs.fifoTier[r], hs.fifoSlot[r]
+		switch {
+		case ti < fifoLayer:
+			t := tiers[ti].tab.Load()
+			m := t.slots[i].loadMeta()
+			if seen[ti][i/64]&(1<<(i%64)) != 0 {
+				continue
+			}
+			switch {
+			case held(m):
+			case m&metaMigrated != 0:
+				// Kept while its layer holding is, as the holding's entry.
+				lane := ly.laneOf(tiers[ti].name)
+				en, e := ly.find(t.slots[i].loadKey())
+				if lane < 0 || en == nil || !en.lanes[lane].has(id) || seenLayer[layerGroupKey(uint32(e), lane)] {
+					continue
+				}
+				seenLayer[layerGroupKey(uint32(e), lane)] = true
+			default:
+				continue
+			}
+			seen[ti][i/64] |= 1 << (i % 64)
+			kept = append(kept, item{ti, i})
+		case ti == fifoRunLen:
+			e, lane, cnt := hs.runAt(r - 1)
+			for x := cnt; x > 0; x-- {
+				keepLayer(e+x-1, lane)
+				ly.release(e + x - 1)
+			}
+			r--
+		default:
+			keepLayer(i, int(ti-fifoLayer))
+			ly.release(i)
+		}
+	}
+	f := fifoWriter{tier: hs.fifoTier[:0], slot: hs.fifoSlot[:0]}
+	for x := len(kept) - 1; x >= 0; x-- {
+		it := kept[x]
+		if it.tier < fifoLayer {
+			f.put(it.tier, it.slot)
+			continue
+		}
+		ly.at(it.slot).refs++
+		f.putLayer(it.slot, int(it.tier-fifoLayer))
+	}
+	hs.fifoTier, hs.fifoSlot, hs.head = f.tier[:f.w], f.slot[:f.w], 0
+	hs.queued = len(kept)
+	hs.shrinkFIFO()
+}
+
+// dropTiers removes the FIFO entries of the tiers marked gone and of the
+// layer lanes marked goneLane, whose holdings the caller dropped; ly.mu is
+// held when the holder has layer holdings.
+func (hs *holderState) dropTiers(gone []bool, goneLane *[layerLanes]bool) {
+	ly := hs.ms.layer
+	w, queued := 0, 0
+	for r := hs.head; r < len(hs.fifoSlot); r++ {
+		t, s := hs.fifoTier[r], hs.fifoSlot[r]
+		switch {
+		case t < fifoLayer:
+			if gone[t] {
+				continue
+			}
+			queued++
+		case t == fifoRun:
+			e, lane, cnt := hs.runAt(r)
+			if goneLane[lane] {
+				for x := range cnt {
+					ly.release(e + x)
+				}
+				r++
+				continue
+			}
+			queued += int(cnt)
+			hs.fifoTier[w], hs.fifoSlot[w] = t, s
+			w++
+			r++
+			t, s = hs.fifoTier[r], hs.fifoSlot[r]
+		default:
+			if goneLane[t-fifoLayer] {
+				ly.release(s)
+				continue
+			}
+			queued++
+		}
+		hs.fifoTier[w], hs.fifoSlot[w] = t, s
+		w++
+	}
 	hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:w], hs.fifoTier[:w], 0
+	hs.queued = queued
 }
 
 // ancestors marks with 1 the unheld ancestors of held slots in t (gaps and
@@ -415,8 +655,10 @@ const maxPooledRemap = 1 << 16
 // rehash rebuilds tier ti's table with room for extra more slots, dropping
 // slots that are neither held nor an ancestor of a held slot, and publishes
 // it. Readers still on the old table see it as it was: it is not written
-// again.
-func (hs *holderState) rehash(ti int, extra int) *table {
+// again. Slots whose holdings moved to the layer are dropped, and their
+// FIFO entries become the layer's; locked says whether the caller holds
+// the layer's mutex.
+func (hs *holderState) rehash(ti int, extra int, locked bool) *table {
 	ts := hs.tierList()[ti]
 	old := ts.tab.Load()
 	// remap[i] becomes slot i's new index + 1; first it marks the unheld
@@ -458,10 +700,15 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 		remap[i] = uint32(j) + 1
 	}
 	nt.used = kept
+	migrated := ts.migrated
+	ts.migrated = 0
 	for j := range nt.slots {
 		m := nt.slots[j].meta
 		if p := parentOf(m); p >= 0 {
 			nt.slots[j].meta = m&^(metaParentMask<<metaParentShift) | uint64(remap[p])<<metaParentShift
+		}
+		if m&metaMigrated != 0 {
+			ts.migrated++
 		}
 	}
 	ts.publishGaps(nt)
@@ -471,24 +718,68 @@ func (hs *holderState) rehash(ti int, extra int) *table {
 		hs.rootDropped(ti, k)
 	}
 	hs.dropped = dropped[:0]
-	hs.remapFIFO(ti, remap)
+	if migrated == ts.migrated {
+		hs.remapFIFO(ti, remap, nil, nil)
+		return nt
+	}
+	ly := hs.ms.layer
+	if !locked {
+		ly.mu.Lock()
+		defer ly.mu.Unlock()
+	}
+	hs.remapFIFO(ti, remap, old, ly)
 	return nt
 }
 
 // remapFIFO translates the FIFO entries of tier ti to a rebuilt table,
-// dropping those of slots the rebuild dropped.
-func (hs *holderState) remapFIFO(ti int, remap []uint32) {
-	w := 0
+// dropping those of slots the rebuild dropped. With ly (locked), an entry
+// of a dropped slot of old whose holding moved to the layer becomes the
+// layer entry's, in place.
+func (hs *holderState) remapFIFO(ti int, remap []uint32, old *table, ly *layer) {
+	f := fifoWriter{tier: hs.fifoTier, slot: hs.fifoSlot}
+	queued := 0
+	lane := -1
+	if ly != nil {
+		lane = ly.laneOf(hs.tierList()[ti].name)
+	}
+	id := hs.lid.Load() - 1
 	for r := hs.head; r < len(hs.fifoSlot); r++ {
 		t, i := hs.fifoTier[r], hs.fifoSlot[r]
-		if int(t) == ti {
-			if remap[i] == 0 {
+		switch {
+		case int(t) == ti && remap[i] != 0:
+			i = remap[i] - 1
+		case int(t) == ti:
+			if ly == nil || lane < 0 || old.slots[i].meta&metaMigrated == 0 {
 				continue
 			}
-			i = remap[i] - 1
+			en, e := ly.find(old.slots[i].key)
+			if en == nil || !en.lanes[lane].has(id) {
+				continue
+			}
+			en.refs++
+			f.putLayer(uint32(e), lane)
+			queued++
+			continue
+		case t == fifoRun:
+			_, _, cnt := hs.runAt(r)
+			f.put(t, i)
+			r++
+			t, i = hs.fifoTier[r], hs.fifoSlot[r]
+			queued += int(cnt) - 1
 		}
-		hs.fifoTier[w], hs.fifoSlot[w] = t, i
-		w++
+		f.put(t, i)
+		queued++
 	}
-	hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:w], hs.fifoTier[:w], 0
+	hs.fifoSlot, hs.fifoTier, hs.head = f.slot[:f.w], f.tier[:f.w], 0
+	hs.queued = queued
+	hs.shrinkFIFO()
+}
+
+// shrinkFIFO gives back the room of a FIFO whose entries became runs of
+// layer entries.
+func (hs *holderState) shrinkFIFO() {
+	if n := len(hs.fifoSlot); cap(hs.fifoSlot) > 4*n+1024 {
+		hs.fifoSlot = append(make([]uint32, 0, n+n/4), hs.fifoSlot...)
+		hs.fifoTier = append(make([]uint8, 0, n+n/4), hs.fifoTier...)
+	}
 }

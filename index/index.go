@@ -55,6 +55,12 @@ type Config struct {
 	// above it (runtime/debug.SetMemoryLimit), or garbage of replaced
 	// tables may double it.
 	MemoryBytes int64
+	// ShareThreshold is how many holders must hold a block before the
+	// index keeps it once for all of them (see Stats.SharedBlocks): a
+	// table slot costs each holder about 30 bytes a block, a shared block
+	// a few bytes a holder. Zero means DefaultShareThreshold; 1 keeps
+	// every block of group 0 shared; negative keeps none.
+	ShareThreshold int
 	// Logger receives evictions and rejected input at debug level, at most
 	// once a second per kind. Nil means slog.Default().
 	Logger *slog.Logger
@@ -74,6 +80,8 @@ type Stats struct {
 	EvictedBudget   uint64 // holdings evicted past MaxHolderBlocks or MemoryBytes
 
 	RejectedTier uint64 // stores dropped for an empty tier or too many tiers
+
+	SharedBlocks int64 // blocks kept once for all their holders
 }
 
 // Index maps, per model, block keys to the holders that hold them and in
@@ -81,6 +89,7 @@ type Stats struct {
 type Index struct {
 	cfg    Config
 	budget int64
+	share  int // Config.ShareThreshold, 0 for none
 	log    *slog.Logger
 
 	models *xsync.Map[string, *modelState]
@@ -97,13 +106,15 @@ type Index struct {
 
 // modelState holds one model's holders. The list is copied on change so a
 // lookup ranges over it without a lock. roots lists the holders that start
-// a chain at each key (see roots.go); rootMu serialises its writers.
+// a chain at each key (see roots.go); rootMu serialises its writers. layer
+// keeps the blocks many holders hold (see layer.go).
 type modelState struct {
 	holders *xsync.Map[Holder, *holderState]
 	mu      sync.Mutex
 	list    atomic.Pointer[[]*holderState]
 	roots   *xsync.Map[uint64, *rootSet]
 	rootMu  sync.Mutex
+	layer   *layer
 }
 
 // New returns an empty index.
@@ -125,6 +136,12 @@ func New(cfg Config) *Index {
 	}
 	if ix.log == nil {
 		ix.log = slog.Default()
+	}
+	switch {
+	case cfg.ShareThreshold == 0:
+		ix.share = DefaultShareThreshold
+	case cfg.ShareThreshold > 0:
+		ix.share = cfg.ShareThreshold
 	}
 	return ix
 }
@@ -149,7 +166,7 @@ func (ix *Index) model(name string, create bool) *modelState {
 		return ms
 	}
 	ms, _ := ix.models.LoadOrCompute(name, func() (*modelState, bool) {
-		ms := &modelState{holders: xsync.NewMap[Holder, *holderState](), roots: xsync.NewMap[uint64, *rootSet]()}
+		ms := &modelState{holders: xsync.NewMap[Holder, *holderState](), roots: xsync.NewMap[uint64, *rootSet](), layer: newLayer()}
 		empty := []*holderState{}
 		ms.list.Store(&empty)
 		return ms, false
@@ -250,53 +267,29 @@ func (ix *Index) Store(b Blocks) {
 		ix.logf(logTier, "index: too many tiers, store dropped", "pod", h.Pod, "rank", h.Rank, "model", model, "tier", tier, "blocks", len(keys))
 		return
 	}
-	t := ts.tab.Load()
-	if !t.fits(len(keys) + 1) {
-		t = hs.rehash(ti, len(keys)+1)
-	}
-	prev := -1
-	if parent, ok := b.Parent.Key(); ok {
-		if prev = t.find(parent); prev < 0 {
-			prev = t.insert(parent, 0)
-			hs.rootAdded(ti, parent)
-		}
-	}
-	bit := groupBit(group)
 	var added int64
-	hs.sink += t.prefetch(keys)
-	for _, k := range keys {
-		i, found := t.probe(k)
-		if !found {
-			var m uint64
-			if prev >= 0 {
-				pm := t.slots[prev].loadMeta()
-				if !held(pm) && bit != metaExtGroup {
-					ts.addGap(t, t.slots[prev].loadKey(), pm)
-				}
-				m = anchoredMeta(prev, pm)
+	if hs.ms.layer.active() || ix.share > 0 && !b.Parent.ok && len(hs.ms.rootHolders(keys[0])) >= ix.share-1 {
+		added = ix.storeShared(b, hs, ti, ts)
+	} else {
+		t := ts.tab.Load()
+		if !t.fits(len(keys) + 1) {
+			t = hs.rehash(ti, len(keys)+1, false)
+		}
+		prev := -1
+		if parent, ok := b.Parent.Key(); ok {
+			if prev = t.find(parent); prev < 0 {
+				prev = t.insert(parent, 0)
+				hs.rootAdded(ti, parent)
 			}
-			if prev < 0 {
-				hs.rootAdded(ti, k)
-			}
-			if bit != metaExtGroup {
-				// The common case: a new block, published held at once.
-				t.put(i, k, m|bit)
-				if prev >= 0 {
-					ts.addChild(t, prev)
-				}
-				ts.live++
-				hs.push(ti, i)
+		}
+		hs.sink += t.prefetch(keys)
+		for _, k := range keys {
+			i, _ := t.probe(k)
+			var ok bool
+			if prev, ok = hs.storeSlot(t, ts, ti, prev, i, k, group); ok {
 				added++
-				prev = i
-				continue
 			}
-			t.put(i, k, m)
 		}
-		if ts.addGroup(t, i, k, group) {
-			hs.push(ti, i)
-			added++
-		}
-		prev = i
 	}
 	ix.stored.Add(uint64(len(keys)))
 	if added > 0 {
@@ -305,6 +298,41 @@ func (ix *Index) Store(b Blocks) {
 		ix.enforce(model, hs)
 	}
 	hs.publish()
+}
+
+// storeSlot stores key k, for group, in slot i of t (tier ti, ts): the
+// slot probe found for it, free or k's. prev is the slot of k's parent
+// (-1: none). It returns k's slot and whether the holding is new.
+func (hs *holderState) storeSlot(t *table, ts *tierState, ti, prev, i int, k uint64, group int) (int, bool) {
+	bit := groupBit(group)
+	if t.slots[i].loadMeta() == 0 {
+		var m uint64
+		if prev >= 0 {
+			pm := t.slots[prev].loadMeta()
+			if !held(pm) && bit != metaExtGroup {
+				ts.addGap(t, t.slots[prev].loadKey(), pm)
+			}
+			m = anchoredMeta(prev, pm)
+		} else {
+			hs.rootAdded(ti, k)
+		}
+		if bit != metaExtGroup {
+			// The common case: a new block, published held at once.
+			t.put(i, k, m|bit)
+			if prev >= 0 {
+				ts.addChild(t, prev)
+			}
+			ts.live++
+			hs.push(ti, i)
+			return i, true
+		}
+		t.put(i, k, m)
+	}
+	if ts.addGroup(t, i, k, group) {
+		hs.push(ti, i)
+		return i, true
+	}
+	return i, false
 }
 
 // enforce evicts past hs's capacity and the total budget. hs is locked.
@@ -377,10 +405,29 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 	t := ts.tab.Load()
 	hs.sink += t.prefetch(keys)
 	slots := hs.scratch[:0]
+	var n int64
+	ly, lane := hs.ms.layer, -1
+	var id uint32
+	locked := false
+	if v := hs.lid.Load(); v != 0 && ly.active() {
+		ly.mu.Lock()
+		locked = true
+		lane, id = ly.laneOf(tier), v-1
+	}
 	// A chain listed parent first is removed child first, so that no
 	// block is briefly a gap: gaps make concurrent lookups search again.
 	chained := true
 	for j, k := range keys {
+		if lane >= 0 {
+			if en, e := ly.find(k); en != nil && en.lanes[lane].has(id) {
+				if hs.removeLaneGroup(ly, e, lane, group) {
+					n++
+				}
+				slots = append(slots, -1)
+				chained = false
+				continue
+			}
+		}
 		i := t.find(k)
 		slots = append(slots, int32(i))
 		if j > 0 && (i < 0 || parentOf(t.slots[i].loadMeta()) != int(slots[j-1])) {
@@ -388,7 +435,6 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		}
 	}
 	hs.scratch = slots
-	var n int64
 	for j := range slots {
 		if chained {
 			j = len(slots) - 1 - j
@@ -396,6 +442,9 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		if i := int(slots[j]); i >= 0 && ts.removeGroup(t, i, keys[j], group) {
 			n++
 		}
+	}
+	if locked {
+		ly.mu.Unlock()
 	}
 	if n > 0 {
 		hs.live.Add(-n)
@@ -424,14 +473,27 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 		gone[ti] = true
 		n += ts.live
 	}
-	hs.dropTiers(gone)
+	var goneLane [layerLanes]bool
+	if hs.lid.Load() != 0 {
+		ly := hs.ms.layer
+		ly.mu.Lock()
+		for l := range goneLane {
+			name := ly.laneName(l)
+			goneLane[l] = name != "" && (tier == "" || name == tier)
+		}
+		n += hs.dropLayerHoldings(ly, &goneLane)
+		hs.dropTiers(gone, &goneLane)
+		ly.mu.Unlock()
+	} else {
+		hs.dropTiers(gone, &goneLane)
+	}
 	tabs := make([]*table, len(tiers))
 	for ti, ts := range tiers {
 		if gone[ti] {
 			tabs[ti] = ts.tab.Load()
 			ts.tab.Store(newTable(minTableSize))
 			ts.ext, ts.childOver, ts.gaps = nil, nil, nil
-			ts.live = 0
+			ts.live, ts.migrated = 0, 0
 		}
 	}
 	hs.dropRoots(tabs, gone, false)
@@ -460,6 +522,18 @@ func (ix *Index) RemoveHolder(h Holder) {
 		if ok {
 			hs.mu.Lock()
 			hs.dead = true
+			if hs.lid.Load() != 0 {
+				ly := ms.layer
+				ly.mu.Lock()
+				all := [layerLanes]bool{}
+				for l := range all {
+					all[l] = true
+				}
+				hs.dropLayerHoldings(ly, &all)
+				hs.dropTiers(make([]bool, len(hs.tierList())), &all)
+				ly.releaseID(hs)
+				ly.mu.Unlock()
+			}
 			tiers := hs.tierList()
 			tabs := make([]*table, len(tiers))
 			gone := make([]bool, len(tiers))
@@ -511,6 +585,13 @@ func (ix *Index) HolderBlocks(model string, h Holder) map[string]int {
 			out[ts.name] = int(n)
 		}
 	}
+	if hs.lid.Load() != 0 {
+		for l := range hs.laneHeld {
+			if n := hs.laneHeld[l].Load(); n > 0 {
+				out[ms.layer.laneName(l)] += int(n)
+			}
+		}
+	}
 	return out
 }
 
@@ -535,6 +616,7 @@ func (ix *Index) Stats() Stats {
 			s.Models++
 			s.Holders += n
 		}
+		s.SharedBlocks += ms.layer.held.Load()
 		return true
 	})
 	return s

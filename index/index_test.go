@@ -392,7 +392,7 @@ func TestStoreInTooManyTiersIsRejectedAndCounted(t *testing.T) {
 	require.Equal(t, uint64(2), s.RejectedTier)
 	require.Equal(t, int64(2*maxTiers), s.HolderBlocks)
 	require.NotContains(t, ix.HolderBlocks("m", podA), "one-too-many")
-	require.Equal(t, 1, ix.Run("m", podA, keys, 1, []string{"tier-254"}))
+	require.Equal(t, 1, ix.Run("m", podA, keys, 1, []string{fmt.Sprintf("tier-%d", maxTiers-1)}))
 	require.Zero(t, ix.Run("m", podA, keys, 0, []string{"one-too-many"}))
 	ix.Store(Blocks{Model: "m", Holder: podB, Tier: "one-too-many", Keys: keys})
 	require.Equal(t, 2, ix.Run("m", podB, keys, 0, []string{"one-too-many"}), "the limit is per holder")

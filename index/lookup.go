@@ -1,6 +1,9 @@
 package index
 
-import "slices"
+import (
+	"slices"
+	"sync"
+)
 
 // Lookup sets res.Hits to one Hit per holder of model that holds a
 // non-empty prefix of keys. keys must be a prompt's block keys in order
@@ -8,9 +11,10 @@ import "slices"
 // package returns them). Lookup takes no lock, and with a reused res it
 // does not allocate once res has grown to the number of hits.
 //
-// Its cost follows the holders that start a chain at keys[0], not the
-// model's: the first block of a prompt has no parent, so every holder of
-// it has it at depth 0 and is listed under it in the model's roots.
+// Its cost follows the holders of keys[0], not the model's: the first
+// block of a prompt has no parent, so every holder of it has it in the
+// layer's entry for it or at depth 0 in a table, listed under it in the
+// model's roots.
 func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 	hits := res.Hits[:0]
 	ms := ix.model(model, false)
@@ -18,44 +22,107 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 		res.Hits = hits
 		return
 	}
-	for _, hs := range ms.rootHolders(keys[0]) {
-		tiers := hs.tierList()
-		if len(hits) < cap(hits) {
-			hits = hits[:len(hits)+1]
-		} else {
-			hits = append(hits, Hit{})
-		}
-		hit := &hits[len(hits)-1]
-		tps := hit.Tiers[:0]
-		prefix := 0
-		for _, ts := range tiers {
-			if n := runFrom(ts.tab.Load(), keys, 0); n > 0 {
-				tps = appendTier(tps, ts.name, n)
-				prefix = max(prefix, n)
+	ly := ms.layer
+	var ids []uint32
+	if ly.active() {
+		ids = ly.holdersOf(keys[0], res.ids[:0])
+		res.ids = ids
+		for _, id := range ids {
+			if hs := ly.holderAt(id); hs != nil {
+				hits = appendHit(hits, hs, ly, keys)
 			}
 		}
-		if prefix > 0 && len(tiers) > 1 {
-			prefix = extend(tiers, nil, keys, prefix)
+	}
+	for _, hs := range ms.rootHolders(keys[0]) {
+		// A holder listed by the layer was asked already.
+		if v := hs.lid.Load(); v != 0 && len(ids) > 0 {
+			if _, ok := slices.BinarySearch(ids, v-1); ok {
+				continue
+			}
 		}
-		// A reused Result mostly gets back the holders and tiers it had:
-		// skipping pointer writes that change nothing spares the write
-		// barriers they cost while the GC marks, which lookups under
-		// ingest spend a good part of their time in.
-		if cap(tps) == cap(hit.Tiers) {
-			hit.Tiers = hit.Tiers[:len(tps)]
-		} else {
-			hit.Tiers = tps
-		}
-		if prefix == 0 {
-			hits = hits[:len(hits)-1]
-			continue
-		}
-		if hit.Holder != hs.h {
-			hit.Holder = hs.h
-		}
-		hit.Prefix = prefix
+		hits = appendHit(hits, hs, ly, keys)
 	}
 	res.Hits = hits
+}
+
+// holdersOf appends to dst the sorted ids of key's holders in any lane.
+func (ly *layer) holdersOf(key uint64, dst []uint32) []uint32 {
+	en, _ := ly.find(key)
+	if en == nil {
+		return dst
+	}
+	for l := range en.lanes {
+		dst = en.lanes[l].appendIDs(dst)
+	}
+	if en.key.Load() != key {
+		return dst[:0]
+	}
+	slices.Sort(dst)
+	return slices.Compact(dst)
+}
+
+// appendHit appends hs's hit for keys to hits, or leaves hits as they are
+// when hs holds no prefix of keys.
+func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64) []Hit {
+	tiers := hs.tierList()
+	if len(hits) < cap(hits) {
+		hits = hits[:len(hits)+1]
+	} else {
+		hits = append(hits, Hit{})
+	}
+	hit := &hits[len(hits)-1]
+	tps := hit.Tiers[:0]
+	prefix := 0
+	v := hs.lid.Load()
+	for _, ts := range tiers {
+		var n int
+		if lane := -1; v != 0 && ly.active() {
+			if lane = ly.laneOf(ts.name); lane >= 0 {
+				n = extendTier(ts, ly, lane, v-1, keys, 0)
+			}
+		}
+		if v == 0 || n == 0 {
+			n = max(n, runFrom(ts.tab.Load(), keys, 0))
+		}
+		if n > 0 {
+			tps = appendTier(tps, ts.name, n)
+			prefix = max(prefix, n)
+		}
+	}
+	if prefix > 0 && len(tiers) > 1 {
+		prefix = extend(tiers, ly, v, nil, keys, prefix)
+	}
+	// A reused Result mostly gets back the holders and tiers it had:
+	// skipping pointer writes that change nothing spares the write
+	// barriers they cost while the GC marks, which lookups under
+	// ingest spend a good part of their time in.
+	if cap(tps) == cap(hit.Tiers) {
+		hit.Tiers = hit.Tiers[:len(tps)]
+	} else {
+		hit.Tiers = tps
+	}
+	if prefix == 0 {
+		return hits[:len(hits)-1]
+	}
+	if hit.Holder != hs.h {
+		hit.Holder = hs.h
+	}
+	hit.Prefix = prefix
+	return hits
+}
+
+// extendTier returns the end of the run from pos held in tier ts, in its
+// table or in lane of the layer (the holder's id there is id): a block
+// counts when either holds it.
+func extendTier(ts *tierState, ly *layer, lane int, id uint32, keys []uint64, pos int) int {
+	for pos < len(keys) {
+		best := max(runFrom(ts.tab.Load(), keys, pos), ly.run(keys, pos, lane, id))
+		if best == 0 {
+			break
+		}
+		pos += best
+	}
+	return pos
 }
 
 // Run returns how many consecutive blocks from keys[start] h holds for
@@ -74,13 +141,15 @@ func (ix *Index) Run(model string, h Holder, keys []uint64, start int, tiers []s
 	if !ok {
 		return 0
 	}
-	return extend(hs.tierList(), tiers, keys, start) - start
+	return extend(hs.tierList(), ms.layer, hs.lid.Load(), tiers, keys, start) - start
 }
 
 // extend returns the end of the run starting at pos held in any of the
-// holder's tiers named in names (all when names is nil): a block counts
+// holder's tiers named in names (all when names is nil), in its tables or
+// in the layer (v: the holder's id there + 1, 0 for none): a block counts
 // when one tier holds it, so the run hops between tiers.
-func extend(tiers []*tierState, names []string, keys []uint64, pos int) int {
+func extend(tiers []*tierState, ly *layer, v uint32, names []string, keys []uint64, pos int) int {
+	layered := v != 0 && ly.active()
 	for pos < len(keys) {
 		best := 0
 		for _, ts := range tiers {
@@ -88,6 +157,11 @@ func extend(tiers []*tierState, names []string, keys []uint64, pos int) int {
 				continue
 			}
 			best = max(best, runFrom(ts.tab.Load(), keys, pos))
+			if layered {
+				if lane := ly.laneOf(ts.name); lane >= 0 {
+					best = max(best, ly.run(keys, pos, lane, v-1))
+				}
+			}
 		}
 		if best == 0 {
 			break
@@ -106,12 +180,14 @@ func (ix *Index) Holders(model string, key uint64, dst []Holder) []Holder {
 	if ms == nil {
 		return dst
 	}
-	return appendHolders(dst, *ms.list.Load(), key)
+	return appendHolders(dst, ms, *ms.list.Load(), key)
 }
 
-func appendHolders(dst []Holder, list []*holderState, key uint64) []Holder {
+func appendHolders(dst []Holder, ms *modelState, list []*holderState, key uint64) []Holder {
+	ly := ms.layer
+	layered := ly.active()
 	for _, hs := range list {
-		if holds(hs, key) {
+		if holds(hs, key) || layered && hs.lid.Load() != 0 && ly.holds(key, hs.lid.Load()-1) {
 			dst = append(dst, hs.h)
 		}
 	}
@@ -144,16 +220,35 @@ func (ix *Index) HoldersAt(model string, keys []uint64, i int, dst []Holder) []H
 		return dst
 	}
 	if list := *ms.list.Load(); len(list) <= i+1 {
-		return appendHolders(dst, list, keys[i])
+		return appendHolders(dst, ms, list, keys[i])
 	}
 	return ms.holdersFromRoots(keys, i, dst)
 }
 
-// holdersFromRoots is HoldersAt by the roots of keys[:i+1].
+// holdersFromRoots is HoldersAt by the layer's entry of keys[i] and the
+// roots of keys[:i+1].
 func (ms *modelState) holdersFromRoots(keys []uint64, i int, dst []Holder) []Holder {
 	key := keys[i]
+	ly := ms.layer
+	var ids []uint32
+	if ly.active() {
+		buf := idsPool.Get().(*[]uint32)
+		defer idsPool.Put(buf)
+		ids = ly.holdersOf(key, (*buf)[:0])
+		*buf = ids
+		for _, id := range ids {
+			if hs := ly.holderAt(id); hs != nil {
+				dst = append(dst, hs.h)
+			}
+		}
+	}
 	for j := range keys[:i+1] {
 		for _, hs := range ms.rootHolders(keys[j]) {
+			if v := hs.lid.Load(); v != 0 && len(ids) > 0 {
+				if _, ok := slices.BinarySearch(ids, v-1); ok {
+					continue
+				}
+			}
 			// hs is listed under the start of each of its tiers' chains
 			// through key; it is taken at the first. A depth past what a
 			// slot counts hides the start: then dst says whether hs was
@@ -176,6 +271,9 @@ func (ms *modelState) holdersFromRoots(keys []uint64, i int, dst []Holder) []Hol
 	}
 	return dst
 }
+
+// idsPool holds holdersFromRoots's lists of layer holders.
+var idsPool = sync.Pool{New: func() any { return new([]uint32) }}
 
 // runFrom returns how many consecutive blocks from keys[b] t holds. It
 // searches by depth unless t has too many gaps; if a writer opened a gap

@@ -233,11 +233,16 @@ func TestIndexMatchesBruteForce(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		seeds = 3
 	}
-	for ci, pc := range cases {
-		for seed := range seeds {
-			t.Run(fmt.Sprintf("case%d/seed%d", ci, seed), func(t *testing.T) {
-				checkAgainstBrute(t, pc, uint64(seed)*1000+uint64(ci))
-			})
+	// Share thresholds of 1 and 2 keep blocks in the layer, all of them
+	// or those two holders hold; the default keeps these few holders'
+	// blocks in their tables.
+	for _, share := range []int{0, 1, 2} {
+		for ci, pc := range cases {
+			for seed := range seeds {
+				t.Run(fmt.Sprintf("share%d/case%d/seed%d", share, ci, seed), func(t *testing.T) {
+					checkAgainstBrute(t, pc, uint64(seed)*1000+uint64(ci), share)
+				})
+			}
 		}
 	}
 }
@@ -253,8 +258,9 @@ type workload struct {
 	holders []Holder
 	ref     *brute
 	res     Result
-	// searched counts runs compared with their searched version.
-	searched int
+	// searched counts runs compared with their searched version; shared
+	// the checks that found blocks in the layer.
+	searched, shared int
 }
 
 func newWorkload(t *testing.T, pc propConfig, seed uint64) *workload {
@@ -339,6 +345,9 @@ func (w *workload) check(ix *Index, op int) {
 			require.ElementsMatch(t, ref.holders(model, k), ms.holdersFromRoots(q, ki, nil), "op %d holders from roots at %d", op, ki)
 		}
 		w.searched += checkSearch(t, ix, model, q, start)
+		if ix.Stats().SharedBlocks > 0 {
+			w.shared++
+		}
 	}
 }
 
@@ -352,9 +361,9 @@ func (w *workload) checkCounts(ix *Index, op int) {
 	}
 }
 
-func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64) {
+func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64, share int) {
 	w := newWorkload(t, pc, seed)
-	ix := New(Config{MaxHolderBlocks: -1})
+	ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: share})
 	for op := range pc.ops {
 		if w.rng.IntN(100) < 84 {
 			w.mutate(ix)
@@ -368,6 +377,9 @@ func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64) {
 	}
 	if pc.engineLike {
 		require.Positive(t, w.searched, "no lookup searched by depth")
+	}
+	if share == 1 {
+		require.Positive(t, w.shared, "no block was shared")
 	}
 }
 
@@ -390,18 +402,39 @@ func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int
 			require.Equal(t, tab.linear(keys, start), tab.search(keys, start, g), "search of %v %s from %d", hs.h, ts.name, start)
 			n++
 		}
+		ly := ms.layer
+		v := hs.lid.Load()
+		for lane := range ly.lanes {
+			g := int(ly.lanes[lane].gapN.Load())
+			if v == 0 || g < 0 {
+				continue
+			}
+			require.Equal(t, layerLinear(ly, keys, start, lane, v-1), ly.search(keys, start, lane, v-1, g), "layer search of %v lane %d from %d", hs.h, lane, start)
+			n++
+		}
 	}
 	return n
 }
 
+func layerLinear(ly *layer, keys []uint64, b int, lane int, id uint32) int {
+	i := b
+	for i < len(keys) {
+		if held, _ := ly.look(keys[i], lane, id); !held {
+			break
+		}
+		i++
+	}
+	return i - b
+}
+
 func TestLookupsStayExactThroughEvictions(t *testing.T) {
 	pc := propConfig{models: 1, holders: 3, ops: 800, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1}, engineLike: true}
-	for seed := range uint64(4) {
+	for seed := range uint64(6) {
 		w := newWorkload(t, pc, 500+seed)
 		// Small limits: the oldest blocks, often parents, go first. The
 		// reference model no longer knows what is held, so the oracle
-		// asks the tables block by block.
-		ix := New(Config{HolderCapacity: 150, MaxHolderBlocks: 300})
+		// asks the tables and the layer block by block.
+		ix := New(Config{HolderCapacity: 150, MaxHolderBlocks: 300, ShareThreshold: []int{0, 1, 2}[seed%3]})
 		for op := range pc.ops {
 			w.mutate(ix)
 			if op%40 == 0 {
@@ -430,19 +463,35 @@ func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
 	if ms == nil {
 		return out
 	}
+	ly := ms.layer
 	for _, hs := range *ms.list.Load() {
 		hit := Hit{Holder: hs.h}
 		tiers := hs.tierList()
+		inTier := func(ts *tierState, k uint64) bool {
+			if held(ts.tab.Load().get(k)) {
+				return true
+			}
+			lane, v := ly.laneOf(ts.name), hs.lid.Load()
+			if lane < 0 || v == 0 {
+				return false
+			}
+			h, _ := ly.look(k, lane, v-1)
+			return h
+		}
 		heldAt := func(i int) bool {
 			for _, ts := range tiers {
-				if held(ts.tab.Load().get(keys[i])) {
+				if inTier(ts, keys[i]) {
 					return true
 				}
 			}
 			return false
 		}
 		for _, ts := range tiers {
-			if n := ts.tab.Load().linear(keys, 0); n > 0 {
+			n := 0
+			for n < len(keys) && inTier(ts, keys[n]) {
+				n++
+			}
+			if n > 0 {
 				hit.Tiers = append(hit.Tiers, TierPrefix{ts.name, n})
 			}
 		}
@@ -465,6 +514,7 @@ func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
 // lookups start from (checkRoots).
 func checkInvariants(t *testing.T, ix *Index, op int) {
 	checkRoots(t, ix, op)
+	checkLayer(t, ix, op)
 	ix.models.Range(func(model string, ms *modelState) bool {
 		for _, hs := range *ms.list.Load() {
 			hs.mu.Lock()
@@ -474,7 +524,9 @@ func checkInvariants(t *testing.T, ix *Index, op int) {
 				queued[ti] = make(map[uint32]bool)
 			}
 			for r := hs.head; r < len(hs.fifoSlot); r++ {
-				queued[hs.fifoTier[r]][hs.fifoSlot[r]] = true
+				if hs.fifoTier[r] < fifoLayer {
+					queued[hs.fifoTier[r]][hs.fifoSlot[r]] = true
+				}
 			}
 			var live int64
 			for ti, ts := range tiers {
@@ -521,6 +573,9 @@ func checkInvariants(t *testing.T, ix *Index, op int) {
 				}
 				require.Equal(t, held64, ts.live, "op %d %s %v: tier count", op, model, hs.h)
 				live += held64
+			}
+			for _, n := range hs.laneLive {
+				live += n
 			}
 			require.Equal(t, live, hs.live.Load(), "op %d %s %v: holder count", op, model, hs.h)
 			if c := hs.capacity.Load(); c > 0 {

@@ -32,6 +32,7 @@ func (h *Hit) Tier(t string) int {
 // are recycled, so a steady-state lookup does not allocate.
 type Result struct {
 	Hits []Hit
+	ids  []uint32 // the layer's holders of the first block
 }
 
 // Holder returns the hit of h, or nil when h holds no prefix.

@@ -28,15 +28,19 @@ var (
 //	header   magic "KVSIDX\r\n", version uint32
 //	body     capacity overrides, last sequence numbers, then per model, per
 //	         holder, per tier: its slots (key, groups, depth, anchor) and
-//	         the holder's eviction order
+//	         the holder's eviction order, whose entries name a slot, or
+//	         (from version 2) a shared block by key, tier, parent key and
+//	         groups
 //	trailer  body length uint64, CRC-32C of header and body uint32, "KEND"
 //
 // Integers are little-endian or varints. Children counts and gaps are not
 // stored: they follow from the slots and are rebuilt on load.
 const (
-	snapMagic       = "KVSIDX\r\n"
-	snapEnd         = "KEND"
-	snapVersion     = 1
+	snapMagic   = "KVSIDX\r\n"
+	snapEnd     = "KEND"
+	snapVersion = 2
+	// snapShared opens an eviction-order entry of a shared block.
+	snapShared      = 0xFF
 	snapHeaderSize  = len(snapMagic) + 4
 	snapTrailerSize = 8 + 4 + len(snapEnd)
 )
@@ -220,21 +224,83 @@ func (hs *holderState) encode(e *encoder) {
 		return
 	}
 	hs.compact()
+	var ly *layer
+	if hs.lid.Load() != 0 {
+		ly = hs.ms.layer
+		ly.mu.Lock()
+		defer ly.mu.Unlock()
+	}
+	// tierOfLane maps a lane to the holder's tier of its name.
+	var tierOfLane [layerLanes]int
+	for l := range tierOfLane {
+		tierOfLane[l] = -1
+		if ly != nil {
+			for ti, ts := range all {
+				if ts.name == ly.laneName(l) {
+					tierOfLane[l] = newTier[ti]
+				}
+			}
+		}
+	}
+	id := hs.lid.Load() - 1
+	// each calls f with every entry the FIFO names, in order; a slot's
+	// holding moved to the layer is named by the layer entry.
+	each := func(f func(ti int, slot uint32, shared int, lane int)) {
+		for r := hs.head; r < len(hs.fifoSlot); r++ {
+			t, i := hs.fifoTier[r], hs.fifoSlot[r]
+			switch {
+			case t < fifoLayer:
+				if newTier[t] < 0 {
+					continue
+				}
+				tab := all[t].tab.Load()
+				if m := tab.slots[i].loadMeta(); held(m) {
+					f(int(t), i, -1, -1)
+				} else if ly != nil && m&metaMigrated != 0 {
+					lane := ly.laneOf(all[t].name)
+					if en, x := ly.find(tab.slots[i].loadKey()); en != nil && lane >= 0 && en.lanes[lane].has(id) {
+						f(int(t), 0, x, lane)
+					}
+				}
+			case t == fifoRun:
+				first, lane, cnt := hs.runAt(r)
+				for x := range cnt {
+					if ly.at(first + x).lanes[lane].has(id) {
+						f(-1, 0, int(first+x), lane)
+					}
+				}
+				r++
+			default:
+				if ly.at(i).lanes[t-fifoLayer].has(id) {
+					f(-1, 0, int(i), int(t-fifoLayer))
+				}
+			}
+		}
+	}
 	n := 0
-	for r := range hs.fifoSlot {
-		if newTier[hs.fifoTier[r]] >= 0 {
-			n++
-		}
-	}
+	each(func(int, uint32, int, int) { n++ })
 	e.uvarint(uint64(n))
-	for r := range hs.fifoSlot {
-		ti := hs.fifoTier[r]
-		if newTier[ti] < 0 {
-			continue
+	each(func(ti int, slot uint32, x int, lane int) {
+		if x < 0 {
+			e.raw([]byte{byte(newTier[ti])})
+			e.uvarint(uint64(saved[ti][slot] - 1))
+			return
 		}
-		e.raw([]byte{byte(newTier[ti])})
-		e.uvarint(uint64(saved[ti][hs.fifoSlot[r]] - 1))
-	}
+		en := ly.at(uint32(x))
+		e.raw([]byte{snapShared, byte(tierOfLane[lane])})
+		e.u64(en.key.Load())
+		if p := entryParent(en.meta.Load()); p >= 0 {
+			e.raw([]byte{1})
+			e.u64(ly.at(uint32(p)).key.Load())
+		} else {
+			e.raw([]byte{0})
+		}
+		gs := hs.laneGroups[layerGroupKey(uint32(x), lane)]
+		e.uvarint(uint64(len(gs)))
+		for _, g := range gs {
+			e.varint(int64(g))
+		}
+	})
 }
 
 func sortedHolders[V any](m map[Holder]V) []Holder {
@@ -295,8 +361,9 @@ func load(data []byte, cfg Config) (*Index, map[Holder]uint64, error) {
 	if len(data) < snapHeaderSize {
 		return nil, nil, fmt.Errorf("%w: truncated header", ErrBadSnapshot)
 	}
-	if v := binary.LittleEndian.Uint32(data[len(snapMagic):]); v != snapVersion {
-		return nil, nil, fmt.Errorf("%w: %w %d (this build reads %d)", ErrBadSnapshot, ErrSnapshotVersion, v, snapVersion)
+	// Version 1 is version 2 without shared blocks.
+	if v := binary.LittleEndian.Uint32(data[len(snapMagic):]); v != 1 && v != snapVersion {
+		return nil, nil, fmt.Errorf("%w: %w %d (this build reads 1 and %d)", ErrBadSnapshot, ErrSnapshotVersion, v, snapVersion)
 	}
 	if len(data) < snapHeaderSize+snapTrailerSize {
 		return nil, nil, fmt.Errorf("%w: truncated", ErrBadSnapshot)
@@ -344,8 +411,11 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 			break
 		}
 		ms := ix.model(name, true)
+		var shared []sharedRec
+		var orders [][]savedItem
 		for range d.count(3) {
-			hs := decodeHolder(d, ix, ms)
+			hs, order := decodeHolder(d, ix, ms, &shared)
+			orders = append(orders, order)
 			if d.err != nil {
 				break
 			}
@@ -358,6 +428,9 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 			next := append(*ms.list.Load(), hs)
 			ms.list.Store(&next)
 			ix.total.Add(hs.live.Load())
+		}
+		if d.err == nil {
+			buildShared(d, ms, shared, orders)
 		}
 	}
 	if d.err != nil {
@@ -384,13 +457,31 @@ type savedSlot struct {
 	ext    []int
 }
 
-func decodeHolder(d *decoder, ix *Index, ms *modelState) *holderState {
+// sharedRec is a saved holding of a shared block.
+type sharedRec struct {
+	hs        *holderState
+	tier      string
+	key       uint64
+	parent    uint64
+	hasParent bool
+	groups    []int
+}
+
+// savedItem is a saved eviction-order entry: a slot of tier ti, or
+// shared record rec (ti -1).
+type savedItem struct {
+	ti   int
+	slot uint32
+	rec  int
+}
+
+func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) (*holderState, []savedItem) {
 	h := d.holder()
 	hs := newHolderState(ms, h, ix.capacityOf(h))
 	nt := d.count(2)
 	if nt > maxTiers {
 		d.fail("holder %v has %d tiers", h, nt)
-		return hs
+		return hs, nil
 	}
 	var live int64
 	slotOf := make([][]uint32, 0, nt)
@@ -400,11 +491,11 @@ func decodeHolder(d *decoder, ix *Index, ms *modelState) *holderState {
 			d.fail("holder %v has an unnamed tier", h)
 		}
 		if d.err != nil {
-			return hs
+			return hs, nil
 		}
 		if _, ts := hs.tier(name, false); ts != nil {
 			d.fail("holder %v has tier %q twice", h, name)
-			return hs
+			return hs, nil
 		}
 		_, ts := hs.tier(name, true)
 		n := d.count(11)
@@ -412,28 +503,19 @@ func decodeHolder(d *decoder, ix *Index, ms *modelState) *holderState {
 		for i := range n {
 			s := savedSlot{key: d.u64(), groups: uint64(d.byte()), depth: int(d.uvarint()), parent: int(min(d.uvarint(), uint64(n)+1)) - 1}
 			if s.groups&metaExtGroup != 0 {
-				for range d.count(1) {
-					g := int(d.varint())
-					if groupBit(g) != metaExtGroup || slices.Contains(s.ext, g) {
-						d.fail("holder %v tier %q: bad group %d", h, name, g)
-					}
-					s.ext = append(s.ext, g)
-				}
-				if len(s.ext) == 0 {
-					d.fail("holder %v tier %q: group list missing", h, name)
-				}
+				s.ext = d.groups(h, name, false)
 			}
 			if s.parent < -1 || s.parent >= int(n) || s.parent == i {
 				d.fail("holder %v tier %q: bad anchor", h, name)
 			}
 			if d.err != nil {
-				return hs
+				return hs, nil
 			}
 			slots = append(slots, s)
 		}
 		slotIdx, n2 := buildTier(d, ts, slots)
 		if d.err != nil {
-			return hs
+			return hs, nil
 		}
 		live += n2
 		slotOf = append(slotOf, slotIdx)
@@ -443,29 +525,155 @@ func decodeHolder(d *decoder, ix *Index, ms *modelState) *holderState {
 	for ti := range tiers {
 		seen[ti] = make([]bool, len(slotOf[ti]))
 	}
+	seenShared := make(map[sharedKey]bool)
+	var order []savedItem
 	for range d.count(2) {
 		ti := int(d.byte())
+		if ti == snapShared {
+			r := sharedRec{hs: hs}
+			ti = int(d.byte())
+			r.key = d.u64()
+			r.hasParent = d.byte() != 0
+			if r.hasParent {
+				r.parent = d.u64()
+			}
+			if ti < len(tiers) {
+				r.tier = tiers[ti].name
+			}
+			r.groups = d.groups(h, r.tier, true)
+			if d.err != nil {
+				return hs, nil
+			}
+			k := sharedKey{ti, r.key}
+			if ti >= len(tiers) || seenShared[k] || held(tiers[ti].tab.Load().get(r.key)) {
+				d.fail("holder %v: eviction order names a shared block of a missing tier, twice or also unshared", h)
+				return hs, nil
+			}
+			seenShared[k] = true
+			order = append(order, savedItem{ti: -1, rec: len(*shared)})
+			*shared = append(*shared, r)
+			live++
+			continue
+		}
 		idx := d.uvarint()
 		if d.err != nil {
-			return hs
+			return hs, nil
 		}
 		if ti >= len(tiers) || idx >= uint64(len(slotOf[ti])) {
 			d.fail("holder %v: eviction order names a missing block", h)
-			return hs
+			return hs, nil
 		}
 		i := slotOf[ti][idx]
 		if seen[ti][idx] || !held(tiers[ti].tab.Load().slots[i].meta) {
 			d.fail("holder %v: eviction order names a block twice or an unheld one", h)
-			return hs
+			return hs, nil
 		}
 		seen[ti][idx] = true
-		hs.push(ti, int(i))
+		order = append(order, savedItem{ti: ti, slot: i})
 	}
-	if int64(len(hs.fifoSlot)) != live {
-		d.fail("holder %v: eviction order lists %d of %d blocks", h, len(hs.fifoSlot), live)
+	if int64(len(order)) != live {
+		d.fail("holder %v: eviction order lists %d of %d blocks", h, len(order), live)
 	}
 	hs.live.Store(live)
-	return hs
+	return hs, order
+}
+
+type sharedKey struct {
+	tier int
+	key  uint64
+}
+
+// groups reads a list of KV cache groups: ext ones (7 on) for a slot, any
+// for a shared block, where an empty list is group 0 alone.
+func (d *decoder) groups(h Holder, tier string, shared bool) []int {
+	var gs []int
+	for range d.count(1) {
+		g := int(d.varint())
+		if !shared && groupBit(g) != metaExtGroup || slices.Contains(gs, g) {
+			d.fail("holder %v tier %q: bad group %d", h, tier, g)
+		}
+		gs = append(gs, g)
+	}
+	if !shared && len(gs) == 0 {
+		d.fail("holder %v tier %q: group list missing", h, tier)
+	}
+	if shared && len(gs) == 1 && gs[0] == 0 {
+		gs = nil
+	}
+	return gs
+}
+
+// buildShared builds ms's layer from the shared records of its holders and
+// queues every holder's saved eviction order.
+func buildShared(d *decoder, ms *modelState, recs []sharedRec, orders [][]savedItem) {
+	ly := ms.layer
+	ly.mu.Lock()
+	defer ly.mu.Unlock()
+	parentOf := make(map[uint64]sharedRec, len(recs))
+	for _, r := range recs {
+		if _, ok := parentOf[r.key]; !ok {
+			parentOf[r.key] = r
+		}
+	}
+	entry := make(map[uint64]int, len(parentOf))
+	var up []uint64
+	// ensure creates key's entry after those of its saved ancestors.
+	ensure := func(key uint64) int {
+		up = up[:0]
+		for k := key; ; {
+			if _, ok := entry[k]; ok {
+				break
+			}
+			up = append(up, k)
+			if len(up) > len(parentOf) {
+				d.fail("shared blocks: parents form a cycle")
+				return -1
+			}
+			r := parentOf[k]
+			if _, ok := parentOf[r.parent]; !r.hasParent || !ok {
+				break
+			}
+			k = r.parent
+		}
+		for i := len(up) - 1; i >= 0; i-- {
+			p := -1
+			if r := parentOf[up[i]]; r.hasParent {
+				if e, ok := entry[r.parent]; ok {
+					p = e
+				}
+			}
+			entry[up[i]] = ly.create(up[i], p)
+		}
+		return entry[key]
+	}
+	at := make([]int, len(recs))
+	for i, r := range recs {
+		if at[i] = ensure(r.key); d.err != nil {
+			return
+		}
+		lane := ly.laneFor(r.tier)
+		if lane < 0 {
+			d.fail("shared blocks in more than %d tiers, or in tier %q", layerLanes, r.tier)
+			return
+		}
+		ly.addHolder(at[i], lane, ly.idOf(r.hs))
+		if len(r.groups) > 0 {
+			if r.hs.laneGroups == nil {
+				r.hs.laneGroups = make(map[uint64][]int)
+			}
+			r.hs.laneGroups[layerGroupKey(uint32(at[i]), lane)] = r.groups
+		}
+		r.hs.laneLive[lane]++
+	}
+	for hi, hs := range *ms.list.Load() {
+		for _, it := range orders[hi] {
+			if it.ti >= 0 {
+				hs.push(it.ti, int(it.slot))
+				continue
+			}
+			hs.pushLayer(ly, at[it.rec], ly.laneOf(recs[it.rec].tier))
+		}
+	}
 }
 
 // buildTier fills ts's table with slots, checks that anchors and depths are

@@ -66,8 +66,12 @@ const (
 	metaDepthShift  = 16
 	metaDepthMax    = 0xFFFF
 	metaParentShift = 32
-	metaParentMask  = 0x7FFFFFFF
-	metaExists      = 1 << 63
+	metaParentMask  = 0x3FFFFFFF
+	// metaMigrated marks an unheld slot whose holding moved to the
+	// model's layer (see layer.go): its eviction-queue entry stands for
+	// the layer holding until a rebuild turns it into a layer entry.
+	metaMigrated = 1 << 62
+	metaExists   = 1 << 63
 
 	minTableSize = 16
 	// Tables are rebuilt past 13/16 occupancy, at most 9/16 full (8/16 when

@@ -1,0 +1,319 @@
+package index
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+type layerHolding struct {
+	hs   *holderState
+	lane int
+	e    uint32
+}
+
+// checkLayer verifies each model's layer: entries reachable by key, their
+// children, holder sets and references counted exactly; every layer
+// holding counted by its holder, named by its eviction queue and absent
+// from its tables; the gaps listed a superset of the exact ones.
+func checkLayer(t *testing.T, ix *Index, op int) {
+	ix.models.Range(func(model string, ms *modelState) bool {
+		list := *ms.list.Load()
+		for _, hs := range list {
+			hs.mu.Lock()
+		}
+		defer func() {
+			for _, hs := range list {
+				hs.mu.Unlock()
+			}
+		}()
+		ly := ms.layer
+		ly.mu.Lock()
+		defer ly.mu.Unlock()
+		ctx := fmt.Sprintf("op %d %s", op, model)
+
+		children := make(map[uint32]uint32)
+		var live int64
+		holdings := make(map[layerHolding]bool)
+		for e := range ly.next {
+			en := ly.at(e)
+			m := en.meta.Load()
+			if m&entryLive == 0 {
+				require.Zero(t, en.refs, "%s: freed entry %d referenced", ctx, e)
+				continue
+			}
+			live++
+			got, ge := ly.find(en.key.Load())
+			require.Same(t, en, got, "%s: entry %d not found by its key", ctx, e)
+			require.Equal(t, int(e), ge, ctx)
+			if p := entryParent(m); p >= 0 {
+				pm := ly.at(uint32(p)).meta.Load()
+				require.NotZero(t, pm&entryLive, "%s: entry %d's parent freed", ctx, e)
+				require.Equal(t, min(entryDepth(pm)+1, metaDepthMax), entryDepth(m), "%s: depth of entry %d", ctx, e)
+				children[uint32(p)]++
+			} else {
+				require.Zero(t, entryDepth(m), ctx)
+			}
+			for l := range en.lanes {
+				ids := en.lanes[l].appendIDs(nil)
+				require.Len(t, ids, int(en.lanes[l].n), "%s: members of entry %d lane %d", ctx, e, l)
+				for _, id := range ids {
+					hs := ly.holderAt(id)
+					require.NotNil(t, hs, "%s: entry %d has freed id %d", ctx, e, id)
+					require.Equal(t, id+1, hs.lid.Load(), ctx)
+					require.Contains(t, list, hs, ctx)
+					holdings[layerHolding{hs, l, e}] = true
+				}
+			}
+		}
+		require.Equal(t, live, ly.live.Load(), "%s: live entries", ctx)
+		for e := range ly.next {
+			if en := ly.at(e); en.meta.Load()&entryLive != 0 {
+				require.Equal(t, children[e], en.nchild, "%s: children of entry %d", ctx, e)
+			}
+		}
+
+		refs := make(map[uint32]uint32)
+		for _, hs := range list {
+			tiers := hs.tierList()
+			named := make(map[layerHolding]bool)
+			queued := 0
+			for r := hs.head; r < len(hs.fifoSlot); r++ {
+				ti, i := hs.fifoTier[r], hs.fifoSlot[r]
+				switch {
+				case ti < fifoLayer:
+					queued++
+					tab := tiers[ti].tab.Load()
+					if tab.slots[i].meta&metaMigrated == 0 {
+						continue
+					}
+					require.False(t, held(tab.slots[i].meta), "%s: held slot marked migrated", ctx)
+					if l := ly.laneOf(tiers[ti].name); l >= 0 {
+						if _, e := ly.find(tab.slots[i].key); e >= 0 {
+							named[layerHolding{hs, l, uint32(e)}] = true
+						}
+					}
+				case ti == fifoRun:
+					require.Equal(t, uint8(fifoRunLen), hs.fifoTier[r+1], ctx)
+					e, lane, n := hs.runAt(r)
+					require.Positive(t, n, "%s: empty run", ctx)
+					for x := range n {
+						refs[e+x]++
+						named[layerHolding{hs, lane, e + x}] = true
+					}
+					queued += int(n)
+					r++
+				default:
+					require.Less(t, int(ti), fifoLayer+layerLanes, "%s: FIFO tier byte %d", ctx, ti)
+					refs[i]++
+					named[layerHolding{hs, int(ti - fifoLayer), i}] = true
+					queued++
+				}
+			}
+			require.Equal(t, queued, hs.queued, "%s %v: queued holdings", ctx, hs.h)
+			var perLane [layerLanes]int64
+			for hd := range holdings {
+				if hd.hs != hs {
+					continue
+				}
+				perLane[hd.lane]++
+				require.True(t, named[hd], "%s %v: layer holding of entry %d not in the eviction queue", ctx, hs.h, hd.e)
+				if _, ts := hs.tier(ly.laneName(hd.lane), false); ts != nil {
+					require.False(t, held(ts.tab.Load().get(ly.at(hd.e).key.Load())), "%s %v: block held in the layer and the table", ctx, hs.h)
+				}
+			}
+			require.Equal(t, perLane, hs.laneLive, "%s %v: layer holdings per lane", ctx, hs.h)
+		}
+		for e := range ly.next {
+			if en := ly.at(e); en.meta.Load()&entryLive != 0 {
+				require.Equal(t, refs[e], en.refs, "%s: references of entry %d", ctx, e)
+			}
+		}
+
+		for l := range ly.lanes {
+			ln := &ly.lanes[l]
+			for e := range ly.next {
+				en := ly.at(e)
+				m := en.meta.Load()
+				p := entryParent(m)
+				if m&entryLive == 0 || p < 0 {
+					continue
+				}
+				for _, id := range en.lanes[l].appendIDs(nil) {
+					if !ly.at(uint32(p)).lanes[l].has(id) {
+						require.Contains(t, ln.gapSet, uint32(p), "%s: gap %d of lane %d not listed", ctx, p, l)
+					}
+				}
+			}
+			if g := int(ln.gapN.Load()); g >= 0 {
+				listed := make(map[uint64]uint64)
+				for j := range g {
+					listed[ln.gaps[j].key.Load()] = ln.gaps[j].depth.Load()
+				}
+				want := make(map[uint64]uint64)
+				for e := range ln.gapSet {
+					en := ly.at(e)
+					want[en.key.Load()] = uint64(entryDepth(en.meta.Load()))
+				}
+				require.Equal(t, want, listed, "%s: published gaps of lane %d", ctx, l)
+			} else {
+				require.Greater(t, len(ln.gapSet), maxGaps, "%s: gaps of lane %d unlisted although few", ctx, l)
+			}
+		}
+		return true
+	})
+}
+
+func TestBlocksManyHoldersHoldAreStoredOnce(t *testing.T) {
+	ix := New(Config{ShareThreshold: 3, MaxHolderBlocks: -1})
+	system := chain(5, 48)
+	var hs []Holder
+	for i := range 6 {
+		h := Holder{Pod: fmt.Sprintf("10.6.0.%d:8000", i)}
+		hs = append(hs, h)
+		// Each holder's own blocks continue the system prompt.
+		own := append(append([]uint64{}, system...), make([]uint64, 16)...)
+		for j := 48; j < len(own); j++ {
+			own[j] = chainKey(own[j-1], 10+i)
+		}
+		for j := 0; j < len(own); j += 16 {
+			ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Parent: parentIf(j > 0, own[max(j-1, 0)]), Keys: own[j : j+16]})
+		}
+		checkInvariants(t, ix, i)
+	}
+	s := ix.Stats()
+	require.Equal(t, int64(48), s.SharedBlocks, "the system prompt is shared, nobody's own blocks are")
+	require.Equal(t, int64(6*64), s.HolderBlocks)
+	for _, h := range hs {
+		require.Equal(t, map[string]int{TierGPU: 64}, ix.HolderBlocks("m", h))
+	}
+	var res Result
+	ix.Lookup("m", system, &res)
+	require.Len(t, res.Hits, 6)
+	for _, hit := range res.Hits {
+		require.Equal(t, 48, hit.Prefix)
+		require.Equal(t, []TierPrefix{{TierGPU, 48}}, hit.Tiers)
+	}
+	require.ElementsMatch(t, hs, ix.Holders("m", system[20], nil))
+	require.ElementsMatch(t, hs, ix.HoldersAt("m", system, 47, nil))
+
+	// Removing the system prompt from all but two holders keeps it shared
+	// for them, then frees it.
+	for i, h := range hs {
+		ix.Remove("m", h, TierGPU, 0, system[40:])
+		if i >= 4 {
+			continue
+		}
+		ix.Remove("m", h, TierGPU, 0, system[:40])
+	}
+	checkInvariants(t, ix, 100)
+	ix.Lookup("m", system, &res)
+	require.Len(t, res.Hits, 2)
+	require.Equal(t, 40, res.Hits[0].Prefix)
+	for _, h := range hs[4:] {
+		ix.ClearHolder("m", h, "")
+	}
+	checkInvariants(t, ix, 101)
+	require.Zero(t, ix.Stats().SharedBlocks)
+}
+
+func TestSharedBlocksKeepTheirHoldersEvictionOrder(t *testing.T) {
+	// Holders at capacity evict oldest first, whether their blocks moved
+	// to the layer after they stored them or were stored there.
+	ix := New(Config{ShareThreshold: 2, HolderCapacity: 64, MaxHolderBlocks: -1})
+	a, b := Holder{Pod: "10.7.0.1:8000"}, Holder{Pod: "10.7.0.2:8000"}
+	old, shared, fresh := chain(1, 32), chain(2, 32), chain(3, 32)
+	ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: old})
+	ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: shared})
+	ix.Store(Blocks{Model: "m", Holder: b, Tier: TierGPU, Keys: shared})
+	require.Equal(t, int64(32), ix.Stats().SharedBlocks)
+	checkInvariants(t, ix, 0)
+	ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: fresh[:16]})
+	checkInvariants(t, ix, 1)
+	require.Zero(t, ix.Run("m", a, old, 0, nil), "a's oldest blocks go first")
+	require.Equal(t, 32, ix.Run("m", a, shared, 0, nil))
+	ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: fresh[16:]})
+	checkInvariants(t, ix, 2)
+	require.Equal(t, 32, ix.Run("m", a, fresh, 0, nil))
+	require.Equal(t, 32, ix.Run("m", a, shared, 0, nil), "next oldest: the shared blocks")
+	ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: chain(4, 8)})
+	checkInvariants(t, ix, 3)
+	require.Zero(t, ix.Run("m", a, shared, 0, nil), "the first shared blocks, then the rest, by the time they became a's")
+	require.Equal(t, 24, ix.Run("m", a, shared, 8, nil))
+	require.Equal(t, 32, ix.Run("m", b, shared, 0, nil), "b keeps them")
+}
+
+func TestSnapshotKeepsSharedBlocksShared(t *testing.T) {
+	ix := New(Config{ShareThreshold: 2, MaxHolderBlocks: -1})
+	p := chain(9, 40)
+	for i := range 4 {
+		h := Holder{Pod: fmt.Sprintf("10.8.0.%d:8000", i)}
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: p[:20]})
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Group: 1, Parent: ParentKey(p[19]), Keys: p[20 : 30+i]})
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierCPU, Keys: p[:10]})
+	}
+	ix.Store(Blocks{Model: "m", Holder: Holder{Pod: "10.8.0.0:8000"}, Tier: TierGPU, Group: 3, Keys: p[:5]})
+	before := ix.Stats()
+	require.Positive(t, before.SharedBlocks)
+	path := filepath.Join(t.TempDir(), "index.snap")
+	require.NoError(t, ix.SaveFile(path, nil))
+	loaded, _, err := LoadFile(path, Config{ShareThreshold: 2, MaxHolderBlocks: -1})
+	require.NoError(t, err)
+	checkInvariants(t, loaded, 0)
+	after := loaded.Stats()
+	require.Equal(t, before.HolderBlocks, after.HolderBlocks)
+	require.Equal(t, before.SharedBlocks, after.SharedBlocks)
+	var r1, r2 Result
+	ix.Lookup("m", p, &r1)
+	loaded.Lookup("m", p, &r2)
+	require.Equal(t, hitsByHolder(&r1), hitsByHolder(&r2))
+	// Group 3 of the first blocks outlives group 0's removal.
+	h0 := Holder{Pod: "10.8.0.0:8000"}
+	loaded.Remove("m", h0, TierGPU, 0, p[:20])
+	require.Equal(t, 5, loaded.Run("m", h0, p, 0, []string{TierGPU}))
+	checkInvariants(t, loaded, 1)
+}
+
+func TestMigratedHoldingsLeaveTheirHoldersTables(t *testing.T) {
+	// a holds 4,096 blocks; once b stores them too they move to the layer,
+	// and a's table gives their slots up, its queue keeping their order.
+	ix := New(Config{ShareThreshold: 2, MaxHolderBlocks: -1})
+	a, b := Holder{Pod: "10.9.0.1:8000"}, Holder{Pod: "10.9.0.2:8000"}
+	keys := chain(11, 4096)
+	own := chain(12, 64)
+	for j := 0; j < len(keys); j += 16 {
+		ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Parent: parentIf(j > 0, keys[max(j-1, 0)]), Keys: keys[j : j+16]})
+	}
+	ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: own})
+	hsA := ix.lockHolder("m", a, false)
+	slotsBefore := len(hsA.tierList()[0].tab.Load().slots)
+	hsA.mu.Unlock()
+	for j := 0; j < len(keys); j += 16 {
+		ix.Store(Blocks{Model: "m", Holder: b, Tier: TierGPU, Parent: parentIf(j > 0, keys[max(j-1, 0)]), Keys: keys[j : j+16]})
+	}
+	checkInvariants(t, ix, 0)
+	require.Equal(t, int64(4096), ix.Stats().SharedBlocks)
+	hsA = ix.lockHolder("m", a, false)
+	ts := hsA.tierList()[0]
+	slotsAfter, migrated, items := len(ts.tab.Load().slots), ts.migrated, len(hsA.fifoSlot)-hsA.head
+	hsA.mu.Unlock()
+	require.Less(t, slotsAfter, slotsBefore/4, "the table shrank")
+	require.Less(t, migrated, 1024, "most migrated slots are gone")
+	require.Less(t, items, 1024+64+8, "the queue names most shared blocks by runs")
+	require.Equal(t, map[string]int{TierGPU: 4096 + 64}, ix.HolderBlocks("m", a))
+	var res Result
+	ix.Lookup("m", keys, &res)
+	require.Equal(t, 4096, res.Holder(a).Prefix)
+	require.Equal(t, 4096, res.Holder(b).Prefix)
+	ix.Lookup("m", own, &res)
+	require.Equal(t, 64, res.Holder(a).Prefix)
+	// a's oldest holdings are still the shared blocks' first ones.
+	ix.SetHolderCapacity(a, 4096)
+	ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: chain(13, 100)})
+	checkInvariants(t, ix, 1)
+	require.Zero(t, ix.Run("m", a, keys, 0, nil))
+	require.Equal(t, 4096-164, ix.Run("m", a, keys, 164, nil))
+	require.Equal(t, 64, ix.Run("m", a, own, 0, nil))
+}
