@@ -282,9 +282,25 @@ func (ix *Index) Store(b Blocks) {
 				hs.rootAdded(ti, parent)
 			}
 		}
+		bit := groupBit(group)
 		hs.sink += t.prefetch(keys)
 		for _, k := range keys {
-			i, _ := t.probe(k)
+			i, found := t.probe(k)
+			if !found && prev >= 0 && bit != metaExtGroup {
+				// The common case, inline: a new block continuing its
+				// chain, published held at once.
+				pm := t.slots[prev].loadMeta()
+				if !held(pm) {
+					ts.addGap(t, t.slots[prev].loadKey(), pm)
+				}
+				t.put(i, k, anchoredMeta(prev, pm)|bit)
+				ts.addChild(t, prev)
+				ts.live++
+				hs.push(ti, i)
+				added++
+				prev = i
+				continue
+			}
 			var ok bool
 			if prev, ok = hs.storeSlot(t, ts, ti, prev, i, k, group); ok {
 				added++

@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -249,20 +250,68 @@ func (ly *layer) find(key uint64) (*layerEntry, int) {
 	}
 }
 
-// look returns whether the holder with id holds key in lane, and the
-// entry's depth. A concurrent free and reuse of the entry is caught by its
-// key, read again after the set.
-func (ly *layer) look(key uint64, lane int, id uint32) (held bool, depth int) {
-	e, _ := ly.find(key)
+// look returns whether the holder with id holds keys[i] in lane, and the
+// entry's depth, through memo when it is not nil. A concurrent free and
+// reuse of the entry is caught by its key, read again after the set.
+func (ly *layer) look(keys []uint64, i int, lane int, id uint32, memo *layerMemo) (held bool, depth int) {
+	key := keys[i]
+	var e *layerEntry
+	if memo != nil {
+		e, depth = memo.get(ly, keys, i)
+	} else if e, _ = ly.find(key); e != nil {
+		depth = entryDepth(e.meta.Load())
+	}
 	if e == nil {
 		return false, 0
 	}
-	m := e.meta.Load()
 	held = e.lanes[lane].has(id)
 	if e.key.Load() != key {
 		return false, 0
 	}
-	return held, int(m>>entryDepthShift) & metaDepthMax
+	return held, depth
+}
+
+// layerMemo remembers, for one lookup, the layer entry of each prompt
+// position it asked for: a lookup asks about the same positions for every
+// holder it searches. The zero value is ready; gen tells this lookup's
+// entries from older ones.
+type layerMemo struct {
+	gen   uint32
+	stamp []uint32
+	ent   []*layerEntry
+	depth []int32
+}
+
+// reset prepares m for a lookup of n keys.
+func (m *layerMemo) reset(n int) {
+	if len(m.stamp) < n {
+		m.stamp = make([]uint32, n)
+		m.ent = make([]*layerEntry, n)
+		m.depth = make([]int32, n)
+		m.gen = 0
+	}
+	m.gen++
+	if m.gen == 0 {
+		clear(m.stamp)
+		m.gen = 1
+	}
+}
+
+func (m *layerMemo) get(ly *layer, keys []uint64, i int) (*layerEntry, int) {
+	if m.stamp[i] == m.gen {
+		return m.ent[i], int(m.depth[i])
+	}
+	e, _ := ly.find(keys[i])
+	d := 0
+	if e != nil {
+		d = entryDepth(e.meta.Load())
+	}
+	m.stamp[i] = m.gen
+	if m.ent[i] != e {
+		m.ent[i] = e
+	}
+	m.depth[i] = int32(d)
+	return e, d
 }
 
 // holds reports whether the holder with id holds key in any lane.
@@ -633,7 +682,7 @@ func (ly *layer) recount(lane int) {
 
 // run returns how many consecutive blocks from keys[b] the holder with id
 // holds in lane, searching by depth as runFrom does in a table.
-func (ly *layer) run(keys []uint64, b int, lane int, id uint32) int {
+func (ly *layer) run(keys []uint64, b int, lane int, id uint32, memo *layerMemo) int {
 	if b >= len(keys) {
 		return 0
 	}
@@ -644,14 +693,14 @@ func (ly *layer) run(keys []uint64, b int, lane int, id uint32) int {
 		if g < 0 {
 			break
 		}
-		n := ly.search(keys, b, lane, id, g)
+		n := ly.search(keys, b, lane, id, g, memo)
 		if ln.epoch.Load() == e {
 			return n
 		}
 	}
 	i := b
 	for i < len(keys) {
-		if held, _ := ly.look(keys[i], lane, id); !held {
+		if held, _ := ly.look(keys, i, lane, id, memo); !held {
 			break
 		}
 		i++
@@ -660,15 +709,15 @@ func (ly *layer) run(keys []uint64, b int, lane int, id uint32) int {
 }
 
 // search is table.search over the layer.
-func (ly *layer) search(keys []uint64, b int, lane int, id uint32, g int) int {
+func (ly *layer) search(keys []uint64, b int, lane int, id uint32, g int, memo *layerMemo) int {
 	n := len(keys)
 	pos := b
-	held, _ := ly.look(keys[pos], lane, id)
+	held, _ := ly.look(keys, pos, lane, id, memo)
 	for held {
 		lo, hi := pos, n
 		himHeld := false
 		for j := n - 1; hi-lo > 1; j = int(uint(lo+hi) >> 1) {
-			h, d := ly.look(keys[j], lane, id)
+			h, d := ly.look(keys, j, lane, id, memo)
 			if h && ly.certified(keys, pos, j, d, lane, g) {
 				lo = j
 			} else {
@@ -702,4 +751,156 @@ func (ly *layer) certified(keys []uint64, pos, j, d int, lane int, g int) bool {
 		}
 	}
 	return true
+}
+
+// groupRun sets pre[id], for each holder id in ids (sorted; pre holds
+// their largest), to how many consecutive blocks from keys[0] it holds in
+// lane. It searches for them
+// together: along the prompt, a binary search finds how far all the
+// holders still in the run hold every block, the ones that do not hold
+// the block after leave the run there, and the others go on from it; the
+// cost follows the positions where holders leave, not the holders. alive
+// and gone are scratch bitsets, returned grown.
+func (ly *layer) groupRun(keys []uint64, lane int, ids []uint32, pre []int32, alive, gone []uint64, memo *layerMemo) ([]uint64, []uint64) {
+	words := 0
+	if len(ids) > 0 {
+		words = int(ids[len(ids)-1]/64) + 1
+	}
+	alive = slices.Grow(alive[:0], words)[:words]
+	gone = slices.Grow(gone[:0], words)[:words]
+	ln := &ly.lanes[lane]
+	for try := 0; ; try++ {
+		clear(pre)
+		e := ln.epoch.Load()
+		g := int(ln.gapN.Load())
+		if try == searchTries {
+			g = -1
+		}
+		ly.groupSearch(keys, lane, ids, pre, alive, gone, g, memo)
+		if g < 0 || ln.epoch.Load() == e {
+			return alive, gone
+		}
+	}
+}
+
+// groupSearch is groupRun with g listed gaps, or block by block for -1.
+func (ly *layer) groupSearch(keys []uint64, lane int, ids []uint32, pre []int32, alive, gone []uint64, g int, memo *layerMemo) {
+	n := len(keys)
+	clear(alive)
+	en, _ := memo.get(ly, keys, 0)
+	if en == nil {
+		return
+	}
+	left := 0
+	for _, id := range ids {
+		if en.lanes[lane].has(id) {
+			alive[id/64] |= 1 << (id % 64)
+			left++
+		}
+	}
+	if en.key.Load() != keys[0] {
+		return
+	}
+	pos := 0
+	for left > 0 {
+		lo := pos
+		if g >= 0 {
+			hi := n
+			for j := n - 1; hi-lo > 1; j = int(uint(lo+hi) >> 1) {
+				ej, d := memo.get(ly, keys, j)
+				if ej != nil && ly.certified(keys, pos, j, d, lane, g) && ej.lanes[lane].holdsAll(alive) && ej.key.Load() == keys[j] {
+					lo = j
+				} else {
+					hi = j
+				}
+			}
+		}
+		next := lo + 1
+		if next >= n {
+			for _, id := range ids {
+				if alive[id/64]&(1<<(id%64)) != 0 {
+					pre[id] = int32(n)
+				}
+			}
+			return
+		}
+		// The holders still in the run that hold keys[next] hold all of
+		// keys[:next+1]; the others' run ends at next.
+		copy(gone, alive)
+		if ej, _ := memo.get(ly, keys, next); ej != nil {
+			ej.lanes[lane].clearMembers(gone)
+			if ej.key.Load() != keys[next] {
+				copy(gone, alive)
+			}
+		}
+		for w, x := range gone {
+			for ; x != 0; x &= x - 1 {
+				pre[w*64+bits.TrailingZeros64(x)] = int32(next)
+				left--
+			}
+			alive[w] &^= gone[w]
+		}
+		pos = next
+	}
+}
+
+// addMembers sets the set's members in the bitset words, grown to hold them.
+func (s *laneSet) addMembers(words []uint64) []uint64 {
+	for i := range s.small {
+		if v := s.small[i].Load(); v != 0 {
+			words = growWords(words, int((v-1)/64))
+			words[(v-1)/64] |= 1 << ((v - 1) % 64)
+		}
+	}
+	big := wordsOf(s.big.Load())
+	for w := range big {
+		if x := big[w].Load(); x != 0 {
+			words = growWords(words, w)
+			words[w] |= x
+		}
+	}
+	return words
+}
+
+// growWords extends words with zeros to hold word w.
+func growWords(words []uint64, w int) []uint64 {
+	for w >= len(words) {
+		words = append(words, 0)
+	}
+	return words
+}
+
+// holdsAll reports whether every id in the bitset ids is in s.
+func (s *laneSet) holdsAll(ids []uint64) bool {
+	var small [layerSmall]uint32
+	for i := range s.small {
+		small[i] = s.small[i].Load()
+	}
+	big := wordsOf(s.big.Load())
+	for w, x := range ids {
+		if w < len(big) {
+			x &^= big[w].Load()
+		}
+		for x != 0 {
+			id := uint32(w*64 + bits.TrailingZeros64(x))
+			if !slices.Contains(small[:], id+1) {
+				return false
+			}
+			x &= x - 1
+		}
+	}
+	return true
+}
+
+// clearMembers clears the set's members in the bitset ids.
+func (s *laneSet) clearMembers(ids []uint64) {
+	for i := range s.small {
+		if v := s.small[i].Load(); v != 0 && int((v-1)/64) < len(ids) {
+			ids[(v-1)/64] &^= 1 << ((v - 1) % 64)
+		}
+	}
+	big := wordsOf(s.big.Load())
+	for w := range min(len(ids), len(big)) {
+		ids[w] &^= big[w].Load()
+	}
 }

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"math/bits"
 	"slices"
 	"sync"
 )
@@ -24,46 +25,76 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 	}
 	ly := ms.layer
 	var ids []uint32
+	var memo *layerMemo
 	if ly.active() {
-		ids = ly.holdersOf(keys[0], res.ids[:0])
+		memo = &res.memo
+		memo.reset(len(keys))
+		ids, res.union = ly.holdersOf(keys[0], res.ids[:0], res.union)
 		res.ids = ids
+		var lanes [layerLanes]bool
+		if len(ids) > 0 {
+			n := int(ids[len(ids)-1]) + 1
+			for l := range res.pre {
+				if lanes[l] = ly.laneName(l) != ""; lanes[l] {
+					res.pre[l] = slices.Grow(res.pre[l][:0], n)[:n]
+					res.alive, res.gone = ly.groupRun(keys, l, ids, res.pre[l], res.alive, res.gone, memo)
+				}
+			}
+		}
 		for _, id := range ids {
 			if hs := ly.holderAt(id); hs != nil {
-				hits = appendHit(hits, hs, ly, keys)
+				var start [layerLanes]int
+				for l := range start {
+					start[l] = -1
+					if lanes[l] {
+						start[l] = int(res.pre[l][id])
+					}
+				}
+				hits = appendHit(hits, hs, ly, keys, memo, &start)
 			}
 		}
 	}
 	for _, hs := range ms.rootHolders(keys[0]) {
 		// A holder listed by the layer was asked already.
-		if v := hs.lid.Load(); v != 0 && len(ids) > 0 {
-			if _, ok := slices.BinarySearch(ids, v-1); ok {
-				continue
-			}
+		if v := hs.lid.Load(); v != 0 && int((v-1)/64) < len(res.union) && len(ids) > 0 && res.union[(v-1)/64]&(1<<((v-1)%64)) != 0 {
+			continue
 		}
-		hits = appendHit(hits, hs, ly, keys)
+		hits = appendHit(hits, hs, ly, keys, memo, &unknownStart)
 	}
 	res.Hits = hits
 }
 
-// holdersOf appends to dst the sorted ids of key's holders in any lane.
-func (ly *layer) holdersOf(key uint64, dst []uint32) []uint32 {
+// unknownStart is appendHit's start for a holder the layer did not list.
+var unknownStart = [layerLanes]int{-1, -1}
+
+// holdersOf appends to dst the ids of key's holders in any lane, sorted,
+// using words as scratch for their union; it returns both grown.
+func (ly *layer) holdersOf(key uint64, dst []uint32, words []uint64) ([]uint32, []uint64) {
 	en, _ := ly.find(key)
 	if en == nil {
-		return dst
+		return dst, words
 	}
+	words = words[:0]
 	for l := range en.lanes {
-		dst = en.lanes[l].appendIDs(dst)
+		words = en.lanes[l].addMembers(words)
 	}
 	if en.key.Load() != key {
-		return dst[:0]
+		return dst, words
 	}
-	slices.Sort(dst)
-	return slices.Compact(dst)
+	for w, x := range words {
+		for ; x != 0; x &= x - 1 {
+			dst = append(dst, uint32(w*64+bits.TrailingZeros64(x)))
+		}
+	}
+	return dst, words
 }
 
 // appendHit appends hs's hit for keys to hits, or leaves hits as they are
 // when hs holds no prefix of keys.
-func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64) []Hit {
+//
+// start holds, per lane, how many blocks from keys[0] hs holds there
+// when the caller knows it, else -1.
+func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64, memo *layerMemo, start *[layerLanes]int) []Hit {
 	tiers := hs.tierList()
 	if len(hits) < cap(hits) {
 		hits = hits[:len(hits)+1]
@@ -75,14 +106,15 @@ func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64) []Hit {
 	prefix := 0
 	v := hs.lid.Load()
 	for _, ts := range tiers {
-		var n int
-		if lane := -1; v != 0 && ly.active() {
-			if lane = ly.laneOf(ts.name); lane >= 0 {
-				n = extendTier(ts, ly, lane, v-1, keys, 0)
-			}
+		lane := -1
+		if v != 0 && memo != nil {
+			lane = ly.laneOf(ts.name)
 		}
-		if v == 0 || n == 0 {
-			n = max(n, runFrom(ts.tab.Load(), keys, 0))
+		var n int
+		if lane >= 0 {
+			n = extendTier(ts, ly, lane, v-1, keys, memo, start[lane])
+		} else {
+			n = runFrom(ts.tab.Load(), keys, 0)
 		}
 		if n > 0 {
 			tps = appendTier(tps, ts.name, n)
@@ -90,7 +122,7 @@ func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64) []Hit {
 		}
 	}
 	if prefix > 0 && len(tiers) > 1 {
-		prefix = extend(tiers, ly, v, nil, keys, prefix)
+		prefix = extend(tiers, ly, v, nil, keys, prefix, memo)
 	}
 	// A reused Result mostly gets back the holders and tiers it had:
 	// skipping pointer writes that change nothing spares the write
@@ -111,16 +143,29 @@ func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64) []Hit {
 	return hits
 }
 
-// extendTier returns the end of the run from pos held in tier ts, in its
-// table or in lane of the layer (the holder's id there is id): a block
-// counts when either holds it.
-func extendTier(ts *tierState, ly *layer, lane int, id uint32, keys []uint64, pos int) int {
+// extendTier returns the prefix of keys held in tier ts, in its table or
+// in lane of the layer (the holder's id there is id): a block counts when
+// either holds it. The layer goes first: a holder found there mostly holds
+// the prompt's first blocks there.
+func extendTier(ts *tierState, ly *layer, lane int, id uint32, keys []uint64, memo *layerMemo, start int) int {
+	pos := start
+	if pos < 0 {
+		pos = ly.run(keys, 0, lane, id, memo)
+	}
+	t := ts.tab.Load()
 	for pos < len(keys) {
-		best := max(runFrom(ts.tab.Load(), keys, pos), ly.run(keys, pos, lane, id))
-		if best == 0 {
+		n := runFrom(t, keys, pos)
+		if n == 0 {
 			break
 		}
-		pos += best
+		pos += n
+		if n = ly.run(keys, pos, lane, id, memo); n == 0 {
+			break
+		}
+		pos += n
+	}
+	if pos == 0 {
+		return runFrom(t, keys, 0)
 	}
 	return pos
 }
@@ -141,14 +186,14 @@ func (ix *Index) Run(model string, h Holder, keys []uint64, start int, tiers []s
 	if !ok {
 		return 0
 	}
-	return extend(hs.tierList(), ms.layer, hs.lid.Load(), tiers, keys, start) - start
+	return extend(hs.tierList(), ms.layer, hs.lid.Load(), tiers, keys, start, nil) - start
 }
 
 // extend returns the end of the run starting at pos held in any of the
 // holder's tiers named in names (all when names is nil), in its tables or
 // in the layer (v: the holder's id there + 1, 0 for none): a block counts
 // when one tier holds it, so the run hops between tiers.
-func extend(tiers []*tierState, ly *layer, v uint32, names []string, keys []uint64, pos int) int {
+func extend(tiers []*tierState, ly *layer, v uint32, names []string, keys []uint64, pos int, memo *layerMemo) int {
 	layered := v != 0 && ly.active()
 	for pos < len(keys) {
 		best := 0
@@ -159,7 +204,7 @@ func extend(tiers []*tierState, ly *layer, v uint32, names []string, keys []uint
 			best = max(best, runFrom(ts.tab.Load(), keys, pos))
 			if layered {
 				if lane := ly.laneOf(ts.name); lane >= 0 {
-					best = max(best, ly.run(keys, pos, lane, v-1))
+					best = max(best, ly.run(keys, pos, lane, v-1, memo))
 				}
 			}
 		}
@@ -234,7 +279,7 @@ func (ms *modelState) holdersFromRoots(keys []uint64, i int, dst []Holder) []Hol
 	if ly.active() {
 		buf := idsPool.Get().(*[]uint32)
 		defer idsPool.Put(buf)
-		ids = ly.holdersOf(key, (*buf)[:0])
+		ids, _ = ly.holdersOf(key, (*buf)[:0], nil)
 		*buf = ids
 		for _, id := range ids {
 			if hs := ly.holderAt(id); hs != nil {

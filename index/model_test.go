@@ -409,7 +409,7 @@ func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int
 			if v == 0 || g < 0 {
 				continue
 			}
-			require.Equal(t, layerLinear(ly, keys, start, lane, v-1), ly.search(keys, start, lane, v-1, g), "layer search of %v lane %d from %d", hs.h, lane, start)
+			require.Equal(t, layerLinear(ly, keys, start, lane, v-1), ly.search(keys, start, lane, v-1, g, nil), "layer search of %v lane %d from %d", hs.h, lane, start)
 			n++
 		}
 	}
@@ -419,7 +419,7 @@ func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int
 func layerLinear(ly *layer, keys []uint64, b int, lane int, id uint32) int {
 	i := b
 	for i < len(keys) {
-		if held, _ := ly.look(keys[i], lane, id); !held {
+		if held, _ := ly.look(keys, i, lane, id, nil); !held {
 			break
 		}
 		i++
@@ -475,7 +475,7 @@ func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
 			if lane < 0 || v == 0 {
 				return false
 			}
-			h, _ := ly.look(k, lane, v-1)
+			h, _ := ly.look([]uint64{k}, 0, lane, v-1, nil)
 			return h
 		}
 		heldAt := func(i int) bool {
