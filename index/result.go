@@ -36,7 +36,7 @@ type Result struct {
 	memo layerMemo
 	// pre holds, per lane, each of ids' run in the layer from the first
 	// block; alive and gone are groupRun's scratch.
-	pre         [layerLanes][]int32
+	pre                [layerLanes][]int32
 	alive, gone, union []uint64
 }
 
