@@ -31,14 +31,14 @@
 // are not consecutive (hybrid models' groups that skip blocks) must be
 // stored one key at a time without a parent.
 //
-// A lookup searches only the holders that start a chain at the prompt's
-// first block: the index keeps, per model and key, the holders with a
-// block stored there without a parent (or named as an unknown parent), its
-// roots. A prompt's first block has no parent, so a holder of it is among
-// them; keys passed to Lookup must therefore start at a prompt's first
-// block, as the hashing package's do. A lookup's cost follows those
-// holders, not the model's: holders that share nothing with the prompt
-// cost nothing.
+// A lookup searches only the holders of the prompt's first block: the
+// index keeps, per model and key, the holders with a block stored there
+// without a parent (or named as an unknown parent), its roots, and the
+// layer (below) lists its holders of each block it keeps. A prompt's
+// first block has no parent, so a holder of it is among them; keys passed
+// to Lookup must therefore start at a prompt's first block, as the
+// hashing package's do. A lookup's cost follows those holders, not the
+// model's: holders that share nothing with the prompt cost nothing.
 //
 // Lookups are fast because engines store a block only after its parent.
 // For each holder and tier the index keeps, per block, the slot of its
@@ -52,12 +52,35 @@
 // Where a tier has more gaps than a lookup checks (32), it is checked block
 // by block: slower, equally exact.
 //
+// # Shared blocks
+//
+// A block that Config.ShareThreshold holders (64 by default) hold in a
+// tier is kept once, in the model's layer: its key, its chain and its
+// holders as a set (a few ids in place, then a bitset), instead of a table
+// slot per holder. A store that finds the block held by that many holders
+// moves their holdings there, and holders that store it later store it
+// there; each keeps its place in its holder's eviction order. A lookup
+// searches the layer's holders of the prompt's first block together:
+// along the prompt, a binary search finds how far all of those still in
+// the run hold every block, the ones not holding the next block leave it
+// there, and each goes on in its own tables from where it left. So a
+// system prompt shared by 10,000 holders costs its blocks once and is
+// searched once, and each holder pays only for what follows it. At most
+// two tiers per model are shared (the first two that reach the
+// threshold, never TierSpeculative), and only blocks stored for KV cache
+// group 0 become shared; a shared holding keeps the other groups stored
+// for it, and blocks stored for other groups alone stay in their holders'
+// tables.
+//
 // # Concurrency
 //
 // Readers (Lookup, Run, Holders, HoldersAt, HolderBlocks, Stats) take no
 // lock and never wait for writers: each holder's blocks live in hash tables
 // written by one writer and read with atomic loads; a growing table is
-// rebuilt aside and swapped in. A model's roots are lists copied on
+// rebuilt aside and swapped in. The layer is read the same way; its
+// writers (any holder's store, removal or eviction of a shared block)
+// serialise on a per-model mutex readers never touch, taken after the
+// holder's. A model's roots are lists copied on
 // removal and published atomically; their writers (a store that starts a
 // chain, a rebuild or clear that drops one) take a per-model mutex readers
 // never touch. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
@@ -72,7 +95,12 @@
 // slot at 50-81% occupancy and a 5-byte eviction-queue entry, about 30
 // bytes in all for a holder that grew to its size, about 40 for one that
 // keeps replacing its blocks (removed blocks hold their slots until the
-// table is rebuilt). Config.HolderCapacity (or SetHolderCapacity: the
+// table is rebuilt). A shared block costs about 120 bytes once (its entry,
+// its key's slot in the layer's table and its holder set) and a bit or 4
+// bytes per holder; consecutive shared blocks share one eviction-queue
+// entry per holder: about 1.2 bytes a holding for a block 128 holders
+// hold. An entry stays while a holder holds it, another chains through it
+// or a holder's eviction queue names it (until that queue is compacted). Config.HolderCapacity (or SetHolderCapacity: the
 // pod's real cache size in blocks) caps one holder; Config.MaxHolderBlocks
 // caps the total, or Config.MemoryBytes in bytes, at HolderBlockBytes a
 // holding. Past either, the oldest holdings are evicted (the
@@ -89,7 +117,9 @@
 //
 // SaveFile writes the whole index and the per-holder last event sequence
 // numbers to a versioned, checksummed file, atomically; LoadFile reads it
-// back, rejecting a corrupt or foreign file with ErrBadSnapshot and loading
-// nothing. A restarted router loads its snapshot and asks each engine to
+// back, shared blocks shared again, rejecting a corrupt or foreign file
+// with ErrBadSnapshot and loading nothing. Files of format 1 (before
+// shared blocks) load; a build that reads only format 1 refuses format 2
+// with ErrSnapshotVersion. A restarted router loads its snapshot and asks each engine to
 // replay what it missed after the saved sequence.
 package index

@@ -53,7 +53,8 @@ type Config struct {
 	// as past MaxHolderBlocks. It bounds the index's live data; a process
 	// bounds its resident set by also giving the Go runtime a memory limit
 	// above it (runtime/debug.SetMemoryLimit), or garbage of replaced
-	// tables may double it.
+	// tables may double it. A shared block (see ShareThreshold) counts as
+	// a few holdings more than its holders' own.
 	MemoryBytes int64
 	// ShareThreshold is how many holders must hold a block before the
 	// index keeps it once for all of them (see Stats.SharedBlocks): a
@@ -96,6 +97,7 @@ type Index struct {
 	caps   *xsync.Map[Holder, int64]
 	capMu  sync.Mutex // serialises SetHolderCapacity
 	total  atomic.Int64
+	shared atomic.Int64 // shared blocks held, over all models
 
 	stored, removed, cleared       atomic.Uint64
 	evictedCapacity, evictedBudget atomic.Uint64
@@ -166,7 +168,7 @@ func (ix *Index) model(name string, create bool) *modelState {
 		return ms
 	}
 	ms, _ := ix.models.LoadOrCompute(name, func() (*modelState, bool) {
-		ms := &modelState{holders: xsync.NewMap[Holder, *holderState](), roots: xsync.NewMap[uint64, *rootSet](), layer: newLayer()}
+		ms := &modelState{holders: xsync.NewMap[Holder, *holderState](), roots: xsync.NewMap[uint64, *rootSet](), layer: newLayer(&ix.shared)}
 		empty := []*holderState{}
 		ms.list.Store(&empty)
 		return ms, false
@@ -365,6 +367,9 @@ func (ix *Index) enforce(model string, hs *holderState) {
 		return
 	}
 	over := ix.total.Load() - ix.budget
+	if ix.cfg.MemoryBytes > 0 {
+		over += ix.shared.Load() * sharedBlockHoldings
+	}
 	if over <= 0 {
 		return
 	}
@@ -626,13 +631,13 @@ func (ix *Index) Stats() Stats {
 		EvictedCapacity: ix.evictedCapacity.Load(),
 		EvictedBudget:   ix.evictedBudget.Load(),
 		RejectedTier:    ix.rejectedTier.Load(),
+		SharedBlocks:    ix.shared.Load(),
 	}
 	ix.models.Range(func(_ string, ms *modelState) bool {
 		if n := len(*ms.list.Load()); n > 0 {
 			s.Models++
 			s.Holders += n
 		}
-		s.SharedBlocks += ms.layer.held.Load()
 		return true
 	})
 	return s

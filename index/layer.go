@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The layer is the block-major part of a model's store: blocks that many
@@ -43,6 +44,12 @@ const (
 	layerChunkBits = 10
 	layerChunk     = 1 << layerChunkBits
 	layerTomb      = ^uint32(0) // table slot of a freed entry's key
+
+	// sharedBlockHoldings is what Config.MemoryBytes counts a shared
+	// block as, in holdings of HolderBlockBytes: its entry, its key's
+	// slot in the layer's table at the occupancy a rebuild leaves, and a
+	// bitset of 128 holders with its header, rounded up.
+	sharedBlockHoldings = (int64(unsafe.Sizeof(layerEntry{})+(8+4)*loadDen/rebuildNum+24+16) + HolderBlockBytes - 1) / HolderBlockBytes
 
 	entryLive       = 1
 	entryDepthShift = 16
@@ -185,7 +192,10 @@ type layer struct {
 	// holders maps holder ids to holders; nil for a freed id.
 	holders atomic.Pointer[[]*holderState]
 	live    atomic.Int64 // entries in use
-	held    atomic.Int64 // entries with a holder: Stats.SharedBlocks
+	held    atomic.Int64 // entries with a holder
+	// total counts the held entries of every model, for the memory
+	// budget and Stats.SharedBlocks.
+	total *atomic.Int64
 
 	// Writer only.
 	next     uint32 // entries ever allocated
@@ -197,8 +207,8 @@ type layer struct {
 	ids  []uint32
 }
 
-func newLayer() *layer {
-	ly := &layer{}
+func newLayer(total *atomic.Int64) *layer {
+	ly := &layer{total: total}
 	ly.tab.Store(newLayerTable(minTableSize))
 	chunks := []*[layerChunk]layerEntry{}
 	ly.chunks.Store(&chunks)
@@ -504,6 +514,7 @@ func (ly *layer) addHolder(e int, lane int, id uint32) {
 	}
 	if en.members() == 0 {
 		ly.held.Add(1)
+		ly.total.Add(1)
 	}
 	en.lanes[lane].add(id)
 }
@@ -527,6 +538,7 @@ func (ly *layer) dropHolder(e int, lane int, id uint32) {
 	en.lanes[lane].remove(id)
 	if en.members() == 0 {
 		ly.held.Add(-1)
+		ly.total.Add(-1)
 	}
 	ly.maybeFree(uint32(e))
 }

@@ -126,28 +126,25 @@ func (hs *holderState) dropLayerHoldings(ly *layer, gone *[layerLanes]bool) int6
 }
 
 // sharers appends to ly.hits the holders other than hs whose table for
-// tier holds key for group 0 alone, the holders a promotion of key moves
-// to the layer. It asks the holders that start a chain at key when root
-// (a store of key without a parent), else the layer holders of entry
-// parent, stopping once they are enough or clearly too few.
+// tier holds key, the holders a promotion of key moves to the layer. It
+// asks the holders that start a chain at key when root (a store of key
+// without a parent), else the layer holders of entry parent, stopping
+// when they are clearly too few.
 func (ix *Index) sharers(ly *layer, hs *holderState, tier string, key uint64, root bool, parent int) []*holderState {
 	hits := ly.hits[:0]
-	need := ix.share - 1
 	check := func(x *holderState) bool {
 		if x == hs || x.dead {
 			return false
 		}
 		_, ts := x.tier(tier, false)
-		return ts != nil && ts.tab.Load().get(key)&metaGroups == 1
+		return ts != nil && held(ts.tab.Load().get(key))
 	}
 	switch {
-	case need <= 0:
+	case ix.share <= 1:
 	case root:
 		for _, x := range hs.ms.rootHolders(key) {
 			if check(x) {
-				if hits = append(hits, x); len(hits) >= need {
-					break
-				}
+				hits = append(hits, x)
 			}
 		}
 	case parent >= 0:
@@ -163,10 +160,8 @@ func (ix *Index) sharers(ly *layer, hs *holderState, tier string, key uint64, ro
 				continue
 			}
 			if check(x) {
-				if hits = append(hits, x); len(hits) >= need {
-					break
-				}
-			} else if misses++; misses > len(hits)+8 {
+				hits = append(hits, x)
+			} else if misses++; misses > len(hits)+8 && len(hits) < ix.share-1 {
 				break
 			}
 		}
@@ -175,12 +170,11 @@ func (ix *Index) sharers(ly *layer, hs *holderState, tier string, key uint64, ro
 	return hits
 }
 
-// migrate moves the table holdings of key (in tier, for group 0 alone) of
-// holders to entry e's lane, keeping each one's place in its holder's
-// FIFO: its slot is marked metaMigrated, and a rebuild, forced once
-// migrated slots are most of the table, turns the FIFO entry into the
-// layer entry's. A holder busy writing keeps its table holding. ly.mu is
-// held.
+// migrate moves the table holdings of key in tier of holders to entry e's
+// lane, with their groups, keeping each one's place in its holder's FIFO:
+// its slot is marked metaMigrated, and a rebuild, forced once migrated
+// slots are most of the table, turns the FIFO entry into the layer
+// entry's. A holder busy writing keeps its table holding. ly.mu is held.
 func (ly *layer) migrate(holders []*holderState, tier string, key uint64, e int, lane int) {
 	for _, x := range holders {
 		if !x.mu.TryLock() {
@@ -193,12 +187,31 @@ func (ly *layer) migrate(holders []*holderState, tier string, key uint64, e int,
 		}
 		t := ts.tab.Load()
 		i := t.find(key)
-		if i < 0 || t.slots[i].loadMeta()&metaGroups != 1 {
+		m := uint64(0)
+		if i >= 0 {
+			m = t.slots[i].loadMeta()
+		}
+		if !held(m) {
 			x.mu.Unlock()
 			continue
 		}
+		var gs []int
+		for g := range 7 {
+			if m&(1<<g) != 0 {
+				gs = append(gs, g)
+			}
+		}
+		if m&metaExtGroup != 0 {
+			gs = append(gs, ts.ext[key]...)
+		}
 		ly.addHolder(e, lane, ly.idOf(x))
-		ts.setGroups(t, i, 0)
+		if len(gs) != 1 || gs[0] != 0 {
+			if x.laneGroups == nil {
+				x.laneGroups = make(map[uint64][]int)
+			}
+			x.laneGroups[layerGroupKey(uint32(e), lane)] = gs
+		}
+		ts.drop(t, i, key)
 		t.slots[i].storeMeta(t.slots[i].loadMeta() | metaMigrated)
 		ts.migrated++
 		x.laneLive[lane]++

@@ -224,21 +224,36 @@ func (hs *holderState) encode(e *encoder) {
 		return
 	}
 	hs.compact()
-	var ly *layer
-	if hs.lid.Load() != 0 {
-		ly = hs.ms.layer
-		ly.mu.Lock()
-		defer ly.mu.Unlock()
+	if hs.lid.Load() == 0 {
+		// The common case, without shared blocks: compacted, the FIFO
+		// names held slots alone.
+		n := 0
+		for r := range hs.fifoSlot {
+			if newTier[hs.fifoTier[r]] >= 0 {
+				n++
+			}
+		}
+		e.uvarint(uint64(n))
+		for r := range hs.fifoSlot {
+			ti := hs.fifoTier[r]
+			if newTier[ti] < 0 {
+				continue
+			}
+			e.raw([]byte{byte(newTier[ti])})
+			e.uvarint(uint64(saved[ti][hs.fifoSlot[r]] - 1))
+		}
+		return
 	}
+	ly := hs.ms.layer
+	ly.mu.Lock()
+	defer ly.mu.Unlock()
 	// tierOfLane maps a lane to the holder's tier of its name.
 	var tierOfLane [layerLanes]int
 	for l := range tierOfLane {
 		tierOfLane[l] = -1
-		if ly != nil {
-			for ti, ts := range all {
-				if ts.name == ly.laneName(l) {
-					tierOfLane[l] = newTier[ti]
-				}
+		for ti, ts := range all {
+			if ts.name == ly.laneName(l) {
+				tierOfLane[l] = newTier[ti]
 			}
 		}
 	}
@@ -256,7 +271,7 @@ func (hs *holderState) encode(e *encoder) {
 				tab := all[t].tab.Load()
 				if m := tab.slots[i].loadMeta(); held(m) {
 					f(int(t), i, -1, -1)
-				} else if ly != nil && m&metaMigrated != 0 {
+				} else if m&metaMigrated != 0 {
 					lane := ly.laneOf(all[t].name)
 					if en, x := ly.find(tab.slots[i].loadKey()); en != nil && lane >= 0 && en.lanes[lane].has(id) {
 						f(int(t), 0, x, lane)
@@ -412,10 +427,8 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 		}
 		ms := ix.model(name, true)
 		var shared []sharedRec
-		var orders [][]savedItem
 		for range d.count(3) {
-			hs, order := decodeHolder(d, ix, ms, &shared)
-			orders = append(orders, order)
+			hs := decodeHolder(d, ix, ms, &shared)
 			if d.err != nil {
 				break
 			}
@@ -430,7 +443,7 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 			ix.total.Add(hs.live.Load())
 		}
 		if d.err == nil {
-			buildShared(d, ms, shared, orders)
+			buildShared(d, ms, shared)
 		}
 	}
 	if d.err != nil {
@@ -467,21 +480,16 @@ type sharedRec struct {
 	groups    []int
 }
 
-// savedItem is a saved eviction-order entry: a slot of tier ti, or
-// shared record rec (ti -1).
-type savedItem struct {
-	ti   int
-	slot uint32
-	rec  int
-}
-
-func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) (*holderState, []savedItem) {
+// decodeHolder reads a holder, queueing its eviction order; the entries of
+// shared blocks are queued as fifoRunLen items naming their record in
+// shared, for buildShared to replace.
+func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) *holderState {
 	h := d.holder()
 	hs := newHolderState(ms, h, ix.capacityOf(h))
 	nt := d.count(2)
 	if nt > maxTiers {
 		d.fail("holder %v has %d tiers", h, nt)
-		return hs, nil
+		return hs
 	}
 	var live int64
 	slotOf := make([][]uint32, 0, nt)
@@ -491,11 +499,11 @@ func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) (*
 			d.fail("holder %v has an unnamed tier", h)
 		}
 		if d.err != nil {
-			return hs, nil
+			return hs
 		}
 		if _, ts := hs.tier(name, false); ts != nil {
 			d.fail("holder %v has tier %q twice", h, name)
-			return hs, nil
+			return hs
 		}
 		_, ts := hs.tier(name, true)
 		n := d.count(11)
@@ -509,13 +517,13 @@ func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) (*
 				d.fail("holder %v tier %q: bad anchor", h, name)
 			}
 			if d.err != nil {
-				return hs, nil
+				return hs
 			}
 			slots = append(slots, s)
 		}
 		slotIdx, n2 := buildTier(d, ts, slots)
 		if d.err != nil {
-			return hs, nil
+			return hs
 		}
 		live += n2
 		slotOf = append(slotOf, slotIdx)
@@ -526,7 +534,6 @@ func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) (*
 		seen[ti] = make([]bool, len(slotOf[ti]))
 	}
 	seenShared := make(map[sharedKey]bool)
-	var order []savedItem
 	for range d.count(2) {
 		ti := int(d.byte())
 		if ti == snapShared {
@@ -542,40 +549,40 @@ func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) (*
 			}
 			r.groups = d.groups(h, r.tier, true)
 			if d.err != nil {
-				return hs, nil
+				return hs
 			}
 			k := sharedKey{ti, r.key}
 			if ti >= len(tiers) || seenShared[k] || held(tiers[ti].tab.Load().get(r.key)) {
 				d.fail("holder %v: eviction order names a shared block of a missing tier, twice or also unshared", h)
-				return hs, nil
+				return hs
 			}
 			seenShared[k] = true
-			order = append(order, savedItem{ti: -1, rec: len(*shared)})
+			hs.push(fifoRunLen, len(*shared))
 			*shared = append(*shared, r)
 			live++
 			continue
 		}
 		idx := d.uvarint()
 		if d.err != nil {
-			return hs, nil
+			return hs
 		}
 		if ti >= len(tiers) || idx >= uint64(len(slotOf[ti])) {
 			d.fail("holder %v: eviction order names a missing block", h)
-			return hs, nil
+			return hs
 		}
 		i := slotOf[ti][idx]
 		if seen[ti][idx] || !held(tiers[ti].tab.Load().slots[i].meta) {
 			d.fail("holder %v: eviction order names a block twice or an unheld one", h)
-			return hs, nil
+			return hs
 		}
 		seen[ti][idx] = true
-		order = append(order, savedItem{ti: ti, slot: i})
+		hs.push(ti, int(i))
 	}
-	if int64(len(order)) != live {
-		d.fail("holder %v: eviction order lists %d of %d blocks", h, len(order), live)
+	if int64(len(hs.fifoSlot)) != live {
+		d.fail("holder %v: eviction order lists %d of %d blocks", h, len(hs.fifoSlot), live)
 	}
 	hs.live.Store(live)
-	return hs, order
+	return hs
 }
 
 type sharedKey struct {
@@ -604,8 +611,11 @@ func (d *decoder) groups(h Holder, tier string, shared bool) []int {
 }
 
 // buildShared builds ms's layer from the shared records of its holders and
-// queues every holder's saved eviction order.
-func buildShared(d *decoder, ms *modelState, recs []sharedRec, orders [][]savedItem) {
+// puts their entries in the holders' eviction orders.
+func buildShared(d *decoder, ms *modelState, recs []sharedRec) {
+	if len(recs) == 0 {
+		return
+	}
 	ly := ms.layer
 	ly.mu.Lock()
 	defer ly.mu.Unlock()
@@ -665,14 +675,22 @@ func buildShared(d *decoder, ms *modelState, recs []sharedRec, orders [][]savedI
 		}
 		r.hs.laneLive[lane]++
 	}
-	for hi, hs := range *ms.list.Load() {
-		for _, it := range orders[hi] {
-			if it.ti >= 0 {
-				hs.push(it.ti, int(it.slot))
+	for _, hs := range *ms.list.Load() {
+		if hs.lid.Load() == 0 {
+			continue
+		}
+		f := fifoWriter{tier: hs.fifoTier, slot: hs.fifoSlot}
+		for r, t := range hs.fifoTier {
+			if t != fifoRunLen {
+				f.put(t, hs.fifoSlot[r])
 				continue
 			}
-			hs.pushLayer(ly, at[it.rec], ly.laneOf(recs[it.rec].tier))
+			rec := hs.fifoSlot[r]
+			e := at[rec]
+			ly.at(uint32(e)).refs++
+			f.putLayer(uint32(e), ly.laneOf(recs[rec].tier))
 		}
+		hs.fifoTier, hs.fifoSlot = f.tier[:f.w], f.slot[:f.w]
 	}
 }
 

@@ -2,6 +2,7 @@ package index
 
 import (
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -194,20 +195,22 @@ func reseal(b []byte) {
 // index that answers and saves without panicking.
 func FuzzLoadSnapshot(f *testing.F) {
 	w := newWorkload(nil, propConfig{models: 2, holders: 3, maxLen: 20, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1, 8}}, 1)
-	ix := New(Config{MaxHolderBlocks: -1})
-	for range 40 {
-		w.mutate(ix)
+	// Seeds with holdings in tables, and with shared ones (threshold 1).
+	for _, share := range []int{0, 1} {
+		ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: share})
+		for range 40 {
+			w.mutate(ix)
+		}
+		path := filepath.Join(f.TempDir(), "seed")
+		if err := ix.SaveFile(path, map[Holder]uint64{podA: 9}); err != nil {
+			f.Fatal(err)
+		}
+		seed, err := os.ReadFile(path)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(seed[snapHeaderSize : len(seed)-snapTrailerSize])
 	}
-	dir := f.TempDir()
-	path := filepath.Join(dir, "seed")
-	if err := ix.SaveFile(path, map[Holder]uint64{podA: 9}); err != nil {
-		f.Fatal(err)
-	}
-	seed, err := os.ReadFile(path)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(seed[snapHeaderSize : len(seed)-snapTrailerSize])
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		data := binary.LittleEndian.AppendUint32([]byte(snapMagic), snapVersion)
@@ -215,7 +218,7 @@ func FuzzLoadSnapshot(f *testing.F) {
 		data = binary.LittleEndian.AppendUint64(data, uint64(len(body)))
 		data = binary.LittleEndian.AppendUint32(data, crc32.Checksum(data, crcTable))
 		data = append(data, snapEnd...)
-		got, _, err := load(data, Config{})
+		got, _, err := load(data, Config{ShareThreshold: 1})
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadSnapshot)
 			return
@@ -242,4 +245,82 @@ func TestSaveHoldersLeavesOutHoldersWithoutASequenceAndKeepsThemInTheIndex(t *te
 	require.Equal(t, map[string]int{TierCPU: 5}, loaded.HolderBlocks("m", podB))
 	require.Equal(t, map[string]int{TierGPU: 3}, ix.HolderBlocks("m", podA), "the index keeps what the file leaves out")
 	require.Equal(t, int64(7), loaded.Stats().HolderBlocks)
+}
+
+// snapshotV1Recipe makes the stores testdata/snapshot-v1.snap was saved
+// from (see testdata/README.md), and returns the chains stored, by model.
+func snapshotV1Recipe(ix *Index) map[string][][]uint64 {
+	chainOf := func(root uint64, n int) []uint64 {
+		keys := make([]uint64, n)
+		k := root
+		for i := range keys {
+			if i > 0 {
+				x := k*0x9E3779B97F4A7C15 + 0x94D049BB133111EB
+				x ^= x >> 31
+				x *= 0xD6E8FEB86659FD93
+				k = x ^ x>>29
+			}
+			keys[i] = k
+		}
+		return keys
+	}
+	p := chainOf(21, 80)
+	chains := map[string][][]uint64{"m": {p}}
+	for i := range 5 {
+		h := Holder{Pod: fmt.Sprintf("10.11.0.%d:8000", i), Rank: i % 2}
+		n := 16 * (i + 1)
+		for j := 0; j < n; j += 8 {
+			b := Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: p[j:min(j+8, n)]}
+			if j > 0 {
+				b.Parent = ParentKey(p[j-1])
+			}
+			ix.Store(b)
+		}
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierCPU, Keys: p[:8]})
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Group: 9, Keys: p[:4]})
+		own := chainOf(uint64(30+i), 12)
+		ix.Store(Blocks{Model: "n", Holder: h, Tier: TierGPU, Keys: own})
+		chains["n"] = append(chains["n"], own)
+	}
+	ix.Remove("m", Holder{Pod: "10.11.0.4:8000"}, TierGPU, 0, p[40:44])
+	return chains
+}
+
+// TestSnapshotOfFormat1Loads loads a file of the format before shared
+// blocks, written by that index, and checks it answers as the stores it
+// was made from do; with a share threshold of 2 too, which a new store of
+// a block now held by two holders then applies.
+func TestSnapshotOfFormat1Loads(t *testing.T) {
+	want := New(Config{MaxHolderBlocks: -1, ShareThreshold: -1})
+	chains := snapshotV1Recipe(want)
+	for _, share := range []int{0, 2} {
+		got, seqs, err := LoadFile("testdata/snapshot-v1.snap", Config{MaxHolderBlocks: -1, ShareThreshold: share})
+		require.NoError(t, err)
+		require.Equal(t, map[Holder]uint64{{Pod: "10.11.0.0:8000"}: 77}, seqs)
+		checkInvariants(t, got, 0)
+		require.Equal(t, want.HolderList(), got.HolderList())
+		require.Equal(t, want.Stats().HolderBlocks, got.Stats().HolderBlocks)
+		for _, hm := range want.HolderList() {
+			require.Equal(t, want.HolderBlocks(hm.Model, hm.Holder), got.HolderBlocks(hm.Model, hm.Holder))
+		}
+		var w, g Result
+		for model, cs := range chains {
+			for _, c := range cs {
+				for n := 1; n <= len(c); n++ {
+					want.Lookup(model, c[:n], &w)
+					got.Lookup(model, c[:n], &g)
+					require.Equal(t, hitsByHolder(&w), hitsByHolder(&g), "%s, %d blocks", model, n)
+				}
+			}
+		}
+		p := chains["m"][0]
+		h := Holder{Pod: "10.11.0.9:8000"}
+		got.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: p[:8]})
+		checkInvariants(t, got, 1)
+		if share == 2 {
+			require.Positive(t, got.Stats().SharedBlocks)
+		}
+		got.Lookup("m", p[:8], &g)
+		require.Len(t, g.Hits, 6)
+	}
 }
