@@ -710,6 +710,11 @@ func (ly *layer) run(keys []uint64, b int, lane int, id uint32, memo *layerMemo)
 			return n
 		}
 	}
+	return ly.linear(keys, b, lane, id, memo)
+}
+
+// linear is run block by block.
+func (ly *layer) linear(keys []uint64, b int, lane int, id uint32, memo *layerMemo) int {
 	i := b
 	for i < len(keys) {
 		if held, _ := ly.look(keys, i, lane, id, memo); !held {

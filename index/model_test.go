@@ -413,23 +413,13 @@ func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int
 			if v == 0 || g < 0 {
 				continue
 			}
-			require.Equal(t, layerLinear(ly, keys, start, lane, v-1), ly.search(keys, start, lane, v-1, g, nil), "layer search of %v lane %d from %d", hs.h, lane, start)
+			require.Equal(t, ly.linear(keys, start, lane, v-1, nil), ly.search(keys, start, lane, v-1, g, nil), "layer search of %v lane %d from %d", hs.h, lane, start)
 			n++
 		}
 	}
 	return n
 }
 
-func layerLinear(ly *layer, keys []uint64, b int, lane int, id uint32) int {
-	i := b
-	for i < len(keys) {
-		if held, _ := ly.look(keys, i, lane, id, nil); !held {
-			break
-		}
-		i++
-	}
-	return i - b
-}
 
 func TestLookupsStayExactThroughEvictions(t *testing.T) {
 	pc := propConfig{models: 1, holders: 3, ops: 800, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1}, engineLike: true}
