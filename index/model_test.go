@@ -420,7 +420,6 @@ func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int
 	return n
 }
 
-
 func TestLookupsStayExactThroughEvictions(t *testing.T) {
 	pc := propConfig{models: 1, holders: 3, ops: 800, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1}, engineLike: true}
 	for seed := range uint64(6) {
