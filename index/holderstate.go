@@ -27,8 +27,9 @@ type tierState struct {
 	// HolderBlocks after each write.
 	live int64
 	held atomic.Int64
-	// migrated counts the table's slots marked metaMigrated. Writer only.
-	migrated int
+	// migrated counts the table's slots marked metaMigrated, and
+	// migratedKept those its last rebuild kept. Writer only.
+	migrated, migratedKept int
 }
 
 // holderState is one holder's blocks for one model. Its mutex serialises
@@ -711,6 +712,7 @@ func (hs *holderState) rehash(ti int, extra int, locked bool) *table {
 			ts.migrated++
 		}
 	}
+	ts.migratedKept = ts.migrated
 	ts.publishGaps(nt)
 	nt.epoch.Store(old.epoch.Load())
 	ts.tab.Store(nt)

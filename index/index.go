@@ -514,7 +514,7 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 			tabs[ti] = ts.tab.Load()
 			ts.tab.Store(newTable(minTableSize))
 			ts.ext, ts.childOver, ts.gaps = nil, nil, nil
-			ts.live, ts.migrated = 0, 0
+			ts.live, ts.migrated, ts.migratedKept = 0, 0, 0
 		}
 	}
 	hs.dropRoots(tabs, gone, false)

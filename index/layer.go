@@ -192,7 +192,10 @@ type layer struct {
 	// holders maps holder ids to holders; nil for a freed id.
 	holders atomic.Pointer[[]*holderState]
 	live    atomic.Int64 // entries in use
-	held    atomic.Int64 // entries with a holder
+	// releases counts the holder ids freed: a reader that resolved ids
+	// read from entries before a release asks those holders again.
+	releases atomic.Uint64
+	held     atomic.Int64 // entries with a holder
 	// total counts the held entries of every model, for the memory
 	// budget and Stats.SharedBlocks.
 	total *atomic.Int64
@@ -312,10 +315,13 @@ func (m *layerMemo) get(ly *layer, keys []uint64, i int) (*layerEntry, int) {
 		return m.ent[i], int(m.depth[i])
 	}
 	e, _ := ly.find(keys[i])
-	d := 0
-	if e != nil {
-		d = entryDepth(e.meta.Load())
+	if e == nil {
+		// Not remembered: the block may move to the layer meanwhile, and
+		// a reader that then misses it in the holder's table must find it
+		// here.
+		return nil, 0
 	}
+	d := entryDepth(e.meta.Load())
 	m.stamp[i] = m.gen
 	if m.ent[i] != e {
 		m.ent[i] = e
@@ -417,6 +423,7 @@ func (ly *layer) releaseID(hs *holderState) {
 	ly.holders.Store(&next)
 	ly.freeIDs = append(ly.freeIDs, v-1)
 	hs.lid.Store(0)
+	ly.releases.Add(1)
 }
 
 // create adds an entry for key, a child of entry parent (-1: none), and

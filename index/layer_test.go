@@ -2,7 +2,12 @@ package index
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -316,4 +321,123 @@ func TestMigratedHoldingsLeaveTheirHoldersTables(t *testing.T) {
 	require.Zero(t, ix.Run("m", a, keys, 0, nil))
 	require.Equal(t, 4096-164, ix.Run("m", a, keys, 164, nil))
 	require.Equal(t, 64, ix.Run("m", a, own, 0, nil))
+}
+
+// TestReadersSeeBlocksWhileTheyMoveToTheLayer has readers follow holders
+// whose blocks another holder's stores move to the layer, block by block:
+// every Lookup, Run, Holders and HoldersAt must see them held throughout.
+func TestReadersSeeBlocksWhileTheyMoveToTheLayer(t *testing.T) {
+	const holders, n = 300, 48
+	ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: 2})
+	chains := make([][]uint64, holders)
+	xs := make([]Holder, holders)
+	for i := range holders {
+		chains[i] = chain(uint64(1000+i), n)
+		xs[i] = Holder{Pod: fmt.Sprintf("10.12.%d.%d:8000", i/256, i%256)}
+		ix.Store(Blocks{Model: "m", Holder: xs[i], Tier: TierGPU, Keys: chains[i]})
+	}
+	var moving atomic.Int64
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(r), 1))
+			var res Result
+			var dst []Holder
+			for !stop.Load() {
+				i := min(holders-1, int(moving.Load())+rng.IntN(2))
+				x, c := xs[i], chains[i]
+				ix.Lookup("m", c, &res)
+				if hit := res.Holder(x); hit == nil || hit.Prefix != n || hit.Tier(TierGPU) != n {
+					t.Errorf("lookup of chain %d: %+v", i, hit)
+					return
+				}
+				if got := ix.Run("m", x, c, 0, nil); got != n {
+					t.Errorf("run of chain %d: %d", i, got)
+					return
+				}
+				j := rng.IntN(n)
+				if dst = ix.HoldersAt("m", c, j, dst); !slices.Contains(dst, x) {
+					t.Errorf("holders of block %d of chain %d: %v", j, i, dst)
+					return
+				}
+				if dst = ix.Holders("m", c[j], dst); !slices.Contains(dst, x) {
+					t.Errorf("holders of block %d of chain %d: %v", j, i, dst)
+					return
+				}
+			}
+		})
+	}
+	y := Holder{Pod: "10.12.9.9:8000"}
+	for i := range holders {
+		moving.Store(int64(i))
+		for j := range n {
+			b := Blocks{Model: "m", Holder: y, Tier: TierGPU, Keys: chains[i][j : j+1]}
+			if j > 0 {
+				b.Parent = ParentKey(chains[i][j-1])
+			}
+			ix.Store(b)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	require.Equal(t, int64(holders*n), ix.Stats().SharedBlocks)
+	checkInvariants(t, ix, 0)
+}
+
+// TestAHolderIDReusedMeanwhileIsNotCreditedWithItsPredecessorsBlocks
+// removes holders of a shared chain while others take their layer ids:
+// a lookup that read an id before it changed hands must not report its
+// new holder with the old one's blocks.
+func TestAHolderIDReusedMeanwhileIsNotCreditedWithItsPredecessorsBlocks(t *testing.T) {
+	ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: 2})
+	c, d := chain(1, 32), chain(2, 32)
+	ix.Store(Blocks{Model: "m", Holder: Holder{Pod: "10.13.0.1:8000"}, Tier: TierGPU, Keys: c})
+	ix.Store(Blocks{Model: "m", Holder: Holder{Pod: "10.13.0.2:8000"}, Tier: TierGPU, Keys: d})
+	other := Holder{Pod: "10.13.0.3:8000"}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var res Result
+		var dst []Holder
+		for !stop.Load() {
+			ix.Lookup("m", c, &res)
+			if hit := res.Holder(other); hit != nil {
+				t.Errorf("%+v holds a chain it never stored", hit)
+				return
+			}
+			if dst = ix.HoldersAt("m", c, 5, dst); slices.Contains(dst, other) {
+				t.Errorf("%v holds a block it never stored", other)
+				return
+			}
+		}
+	})
+	for i := range 3000 {
+		a := Holder{Pod: fmt.Sprintf("10.14.%d.%d:8000", i/256, i%256)}
+		ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: c})
+		ix.RemoveHolder(a)
+		ix.Store(Blocks{Model: "m", Holder: other, Tier: TierGPU, Keys: d})
+		ix.RemoveHolder(other)
+	}
+	stop.Store(true)
+	wg.Wait()
+}
+
+// TestMovingAChainToTheLayerRebuildsTheTableAFewTimes: a chain held by
+// one holder whose blocks move one by one keeps the moved ones as
+// ancestors of those not yet moved; rebuilding each time most of the
+// table had moved would rebuild it at every block.
+func TestMovingAChainToTheLayerRebuildsTheTableAFewTimes(t *testing.T) {
+	const n = 16000
+	ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: 2})
+	keys := chain(5, n)
+	ix.Store(Blocks{Model: "m", Holder: Holder{Pod: "10.15.0.1:8000"}, Tier: TierGPU, Keys: keys})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	ix.Store(Blocks{Model: "m", Holder: Holder{Pod: "10.15.0.2:8000"}, Tier: TierGPU, Keys: keys})
+	runtime.ReadMemStats(&after)
+	// A rebuild allocates a table of about the chain's size.
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64*n*16), "bytes allocated moving %d blocks", n)
+	require.Equal(t, int64(n), ix.Stats().SharedBlocks)
+	checkInvariants(t, ix, 0)
 }

@@ -23,12 +23,17 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 		res.Hits = hits
 		return
 	}
+	// The roots are read before the layer: a holder whose table slot for
+	// keys[0] a rebuild drops after it moved to the layer is then in one
+	// or the other.
+	roots := ms.rootHolders(keys[0])
 	ly := ms.layer
 	var ids []uint32
 	var memo *layerMemo
 	if ly.active() {
 		memo = &res.memo
 		memo.reset(len(keys))
+		released := ly.releases.Load()
 		ids, res.union = ly.holdersOf(keys[0], res.ids[:0], res.union)
 		res.ids = ids
 		var lanes [layerLanes]bool
@@ -41,6 +46,7 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 				}
 			}
 		}
+		first := len(hits)
 		for _, id := range ids {
 			if hs := ly.holderAt(id); hs != nil {
 				var start [layerLanes]int
@@ -53,8 +59,18 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 				hits = appendHit(hits, hs, ly, keys, memo, &start)
 			}
 		}
+		if ly.releases.Load() != released {
+			// An id read from the entries may now be another holder's:
+			// ask each holder the ids name now about its own blocks.
+			hits = hits[:first]
+			for _, id := range ids {
+				if hs := ly.holderAt(id); hs != nil {
+					hits = appendHit(hits, hs, ly, keys, memo, &unknownStart)
+				}
+			}
+		}
 	}
-	for _, hs := range ms.rootHolders(keys[0]) {
+	for _, hs := range roots {
 		// A holder listed by the layer was asked already.
 		if v := hs.lid.Load(); v != 0 && int((v-1)/64) < len(res.union) && len(ids) > 0 && res.union[(v-1)/64]&(1<<((v-1)%64)) != 0 {
 			continue
@@ -107,7 +123,7 @@ func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64, memo *laye
 	v := hs.lid.Load()
 	for _, ts := range tiers {
 		lane := -1
-		if v != 0 && memo != nil {
+		if v != 0 {
 			lane = ly.laneOf(ts.name)
 		}
 		var n int
@@ -115,6 +131,14 @@ func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64, memo *laye
 			n = extendTier(ts, ly, lane, v-1, keys, memo, start[lane])
 		} else {
 			n = runFrom(ts.tab.Load(), keys, 0)
+			// A holder whose blocks move to the layer gets its id there
+			// before its table lets them go.
+			if w := hs.lid.Load(); n < len(keys) && w != 0 && w != v {
+				if lane = ly.laneOf(ts.name); lane >= 0 {
+					v = w
+					n = extendTier(ts, ly, lane, w-1, keys, memo, -1)
+				}
+			}
 		}
 		if n > 0 {
 			tps = appendTier(tps, ts.name, n)
@@ -122,7 +146,12 @@ func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64, memo *laye
 		}
 	}
 	if prefix > 0 && len(tiers) > 1 {
-		prefix = extend(tiers, ly, v, nil, keys, prefix, memo)
+		prefix = extend(hs, ly, nil, keys, prefix, memo)
+	}
+	if v != 0 && hs.lid.Load() != v {
+		// hs is gone, its id freed, maybe to a holder whose blocks the
+		// layer answered for: hs holds nothing now.
+		prefix = 0
 	}
 	// A reused Result mostly gets back the holders and tiers it had:
 	// skipping pointer writes that change nothing spares the write
@@ -144,9 +173,10 @@ func appendHit(hits []Hit, hs *holderState, ly *layer, keys []uint64, memo *laye
 }
 
 // extendTier returns the prefix of keys held in tier ts, in its table or
-// in lane of the layer (the holder's id there is id): a block counts when
-// either holds it. The layer goes first: a holder found there mostly holds
-// the prompt's first blocks there.
+// in lane of the layer (the holder's id there is id), from start blocks
+// the caller knows held in the layer (-1: none known): a block counts when
+// either holds it. The layer is asked again wherever the table's run
+// stops, since a block moves to the layer before it leaves the table.
 func extendTier(ts *tierState, ly *layer, lane int, id uint32, keys []uint64, memo *layerMemo, start int) int {
 	pos := start
 	if pos < 0 {
@@ -154,18 +184,13 @@ func extendTier(ts *tierState, ly *layer, lane int, id uint32, keys []uint64, me
 	}
 	t := ts.tab.Load()
 	for pos < len(keys) {
-		n := runFrom(t, keys, pos)
-		if n == 0 {
+		a := runFrom(t, keys, pos)
+		pos += a
+		b := ly.run(keys, pos, lane, id, memo)
+		pos += b
+		if a == 0 && b == 0 {
 			break
 		}
-		pos += n
-		if n = ly.run(keys, pos, lane, id, memo); n == 0 {
-			break
-		}
-		pos += n
-	}
-	if pos == 0 {
-		return runFrom(t, keys, 0)
 	}
 	return pos
 }
@@ -186,26 +211,37 @@ func (ix *Index) Run(model string, h Holder, keys []uint64, start int, tiers []s
 	if !ok {
 		return 0
 	}
-	return extend(hs.tierList(), ms.layer, hs.lid.Load(), tiers, keys, start, nil) - start
+	return extend(hs, ms.layer, tiers, keys, start, nil) - start
 }
 
 // extend returns the end of the run starting at pos held in any of the
-// holder's tiers named in names (all when names is nil), in its tables or
-// in the layer (v: the holder's id there + 1, 0 for none): a block counts
-// when one tier holds it, so the run hops between tiers.
-func extend(tiers []*tierState, ly *layer, v uint32, names []string, keys []uint64, pos int, memo *layerMemo) int {
-	layered := v != 0 && ly.active()
+// tiers of hs named in names (all when names is nil), in its tables or in
+// the layer: a block counts when one tier holds it, so the run hops
+// between tiers. The layer is asked after the tables, with the holder's
+// id there read after them: a block moves to the layer, and its holder
+// gets that id, before the table lets the block go.
+func extend(hs *holderState, ly *layer, names []string, keys []uint64, pos int, memo *layerMemo) int {
+	tiers := hs.tierList()
 	for pos < len(keys) {
 		best := 0
 		for _, ts := range tiers {
-			if names != nil && !slices.Contains(names, ts.name) {
-				continue
+			if names == nil || slices.Contains(names, ts.name) {
+				best = max(best, runFrom(ts.tab.Load(), keys, pos))
 			}
-			best = max(best, runFrom(ts.tab.Load(), keys, pos))
-			if layered {
-				if lane := ly.laneOf(ts.name); lane >= 0 {
-					best = max(best, ly.run(keys, pos, lane, v-1, memo))
+		}
+		if v := hs.lid.Load(); v != 0 {
+			shared := 0
+			for _, ts := range tiers {
+				if names != nil && !slices.Contains(names, ts.name) {
+					continue
 				}
+				if lane := ly.laneOf(ts.name); lane >= 0 {
+					shared = max(shared, ly.run(keys, pos, lane, v-1, memo))
+				}
+			}
+			// Unless hs is gone and its id another holder's meanwhile.
+			if hs.lid.Load() == v {
+				best = max(best, shared)
 			}
 		}
 		if best == 0 {
@@ -230,9 +266,14 @@ func (ix *Index) Holders(model string, key uint64, dst []Holder) []Holder {
 
 func appendHolders(dst []Holder, ms *modelState, list []*holderState, key uint64) []Holder {
 	ly := ms.layer
-	layered := ly.active()
 	for _, hs := range list {
-		if holds(hs, key) || layered && hs.lid.Load() != 0 && ly.holds(key, hs.lid.Load()-1) {
+		// The table first: a block moves to the layer, and its holder
+		// gets its id there, before the table lets it go.
+		if holds(hs, key) {
+			dst = append(dst, hs.h)
+		} else if v := hs.lid.Load(); v != 0 && ly.holds(key, v-1) && hs.lid.Load() == v {
+			// hs had the id throughout: an id is freed only once its
+			// holder is gone and its blocks with it.
 			dst = append(dst, hs.h)
 		}
 	}
@@ -270,30 +311,17 @@ func (ix *Index) HoldersAt(model string, keys []uint64, i int, dst []Holder) []H
 	return ms.holdersFromRoots(keys, i, dst)
 }
 
-// holdersFromRoots is HoldersAt by the layer's entry of keys[i] and the
-// roots of keys[:i+1].
+// holdersFromRoots is HoldersAt by the roots of keys[:i+1] and the
+// layer's entry of keys[i], read in that order: a holder whose slot a
+// rebuild drops after it moved to the layer is then in one or the other.
 func (ms *modelState) holdersFromRoots(keys []uint64, i int, dst []Holder) []Holder {
 	key := keys[i]
 	ly := ms.layer
-	var ids []uint32
-	if ly.active() {
-		buf := idsPool.Get().(*[]uint32)
-		defer idsPool.Put(buf)
-		ids, _ = ly.holdersOf(key, (*buf)[:0], nil)
-		*buf = ids
-		for _, id := range ids {
-			if hs := ly.holderAt(id); hs != nil {
-				dst = append(dst, hs.h)
-			}
-		}
-	}
+	buf := idsPool.Get().(*holdersScratch)
+	defer idsPool.Put(buf)
+	seen := buf.seen[:0]
 	for j := range keys[:i+1] {
 		for _, hs := range ms.rootHolders(keys[j]) {
-			if v := hs.lid.Load(); v != 0 && len(ids) > 0 {
-				if _, ok := slices.BinarySearch(ids, v-1); ok {
-					continue
-				}
-			}
 			// hs is listed under the start of each of its tiers' chains
 			// through key; it is taken at the first. A depth past what a
 			// slot counts hides the start: then dst says whether hs was
@@ -311,14 +339,41 @@ func (ms *modelState) holdersFromRoots(keys []uint64, i int, dst []Holder) []Hol
 			}
 			if saturated && !slices.Contains(dst, hs.h) || !saturated && first == j {
 				dst = append(dst, hs.h)
+				if v := hs.lid.Load(); v != 0 {
+					seen = growWords(seen, int((v-1)/64))
+					seen[(v-1)/64] |= 1 << ((v - 1) % 64)
+				}
 			}
 		}
 	}
+	if ly.active() {
+		released := ly.releases.Load()
+		ids, _ := ly.holdersOf(key, buf.ids[:0], nil)
+		buf.ids = ids
+		for _, id := range ids {
+			if int(id/64) < len(seen) && seen[id/64]&(1<<(id%64)) != 0 {
+				continue
+			}
+			hs := ly.holderAt(id)
+			// An id may be another holder's since the entry was read.
+			if hs != nil && (ly.releases.Load() == released || ly.holds(key, id) && hs.lid.Load() == id+1) {
+				dst = append(dst, hs.h)
+			}
+		}
+	}
+	buf.seen = seen
 	return dst
 }
 
-// idsPool holds holdersFromRoots's lists of layer holders.
-var idsPool = sync.Pool{New: func() any { return new([]uint32) }}
+// holdersScratch is holdersFromRoots's scratch: the layer's holders of
+// the key, and the ids of the holders the roots gave.
+type holdersScratch struct {
+	ids  []uint32
+	seen []uint64
+}
+
+// idsPool holds holdersFromRoots's scratch.
+var idsPool = sync.Pool{New: func() any { return new(holdersScratch) }}
 
 // runFrom returns how many consecutive blocks from keys[b] t holds. It
 // searches by depth unless t has too many gaps; if a writer opened a gap

@@ -204,6 +204,7 @@ func (ly *layer) migrate(holders []*holderState, tier string, key uint64, e int,
 		if m&metaExtGroup != 0 {
 			gs = append(gs, ts.ext[key]...)
 		}
+		leaf := ts.children(t, i, m) == 0
 		ly.addHolder(e, lane, ly.idOf(x))
 		if len(gs) != 1 || gs[0] != 0 {
 			if x.laneGroups == nil {
@@ -215,7 +216,13 @@ func (ly *layer) migrate(holders []*holderState, tier string, key uint64, e int,
 		t.slots[i].storeMeta(t.slots[i].loadMeta() | metaMigrated)
 		ts.migrated++
 		x.laneLive[lane]++
-		if ts.migrated >= 1024 && 2*ts.migrated >= t.used {
+		// Rebuilt once moved slots are most of the table. A rebuild keeps
+		// those that are ancestors of slots still held, so the next one
+		// waits for twice as many, or for 1,024 more and a moved block
+		// that ends its chain (the chain above it may now go): rebuilds
+		// stay a bounded cost per move.
+		if ts.migrated >= 1024 && 2*ts.migrated >= t.used &&
+			(ts.migrated >= 2*ts.migratedKept || leaf && ts.migrated >= ts.migratedKept+1024) {
 			x.rehash(ti, 0, true)
 		}
 		x.publish()
