@@ -92,8 +92,8 @@
 // # Memory
 //
 // Memory is bounded by holdings: a (block, tier) pair costs a 16-byte table
-// slot at 50-81% occupancy and a 5-byte eviction-queue entry, about 30
-// bytes in all for a holder that grew to its size, about 40 for one that
+// slot at 50-81% occupancy and a 5-byte eviction-queue entry, about 28.5
+// bytes in all for a holder that grew to its size, about 39 for one that
 // keeps replacing its blocks (removed blocks hold their slots until the
 // table is rebuilt). A shared block costs about 120 bytes once (its entry,
 // its key's slot in the layer's table and its holder set) and a bit or 4

@@ -74,10 +74,10 @@ const (
 	metaExists   = 1 << 63
 
 	minTableSize = 16
-	// Tables are rebuilt past 13/16 occupancy, at most 9/16 full (8/16 when
+	// Tables are rebuilt past 13/16 occupancy, at most 10/16 full (8/16 when
 	// removals rather than growth filled them).
 	maxLoadNum = 13
-	rebuildNum = 9
+	rebuildNum = 10
 	churnNum   = 8
 	loadDen    = 16
 )
@@ -89,7 +89,7 @@ func newTable(size int) *table {
 
 // tableSizeFor returns the table size that holds n slots at most
 // rebuildNum/loadDen full. Sizes are not powers of two, so that tables
-// grow by 13/9 rather than doubling, which keeps memory per block low.
+// grow by 13/10 rather than doubling, which keeps memory per block low.
 func tableSizeFor(n int) int {
 	return n*loadDen/rebuildNum + 1
 }
