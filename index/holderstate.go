@@ -397,12 +397,9 @@ func (hs *holderState) evict(n int64) int64 {
 		ahead := hs.fifoSlot[hs.head:min(len(hs.fifoSlot), hs.head+int(min(n, 64)))]
 		hs.sink += tiers[0].tab.Load().prefetchSlots(ahead)
 	}
+	// The layer's mutex is taken at the first layer entry met, and let go
+	// before compacting, which takes it itself.
 	var ly *layer
-	defer func() {
-		if ly != nil {
-			ly.mu.Unlock()
-		}
-	}()
 	lock := func() *layer {
 		if ly == nil {
 			ly = hs.ms.layer
@@ -458,7 +455,6 @@ func (hs *holderState) evict(n int64) int64 {
 	hs.live.Add(-done)
 	if ly != nil {
 		ly.mu.Unlock()
-		ly = nil
 	}
 	hs.maybeCompact()
 	return done
@@ -584,16 +580,25 @@ func (hs *holderState) compactLayered(ly *layer) {
 }
 
 // dropTiers removes the FIFO entries of the tiers marked gone and of the
-// layer lanes marked goneLane, whose holdings the caller dropped; ly.mu is
-// held when the holder has layer holdings.
-func (hs *holderState) dropTiers(gone []bool, goneLane *[layerLanes]bool) {
+// layer lanes marked goneLane, dropping the layer holdings they name (the
+// caller drops the tables'), and returns how many it dropped; every layer
+// holding has a FIFO entry. ly.mu is held when the holder has layer
+// holdings.
+func (hs *holderState) dropTiers(gone []bool, goneLane *[layerLanes]bool) int64 {
 	ly := hs.ms.layer
+	tiers := hs.tierList()
+	layered := hs.lid.Load() != 0
+	var n int64
 	w, queued := 0, 0
 	for r := hs.head; r < len(hs.fifoSlot); r++ {
 		t, s := hs.fifoTier[r], hs.fifoSlot[r]
 		switch {
 		case t < fifoLayer:
 			if gone[t] {
+				tab := tiers[t].tab.Load()
+				if layered && tab.slots[s].loadMeta()&metaMigrated != 0 && hs.dropMigrated(ly, tiers[t].name, tab.slots[s].loadKey()) {
+					n++
+				}
 				continue
 			}
 			queued++
@@ -601,6 +606,9 @@ func (hs *holderState) dropTiers(gone []bool, goneLane *[layerLanes]bool) {
 			e, lane, cnt := hs.runAt(r)
 			if goneLane[lane] {
 				for x := range cnt {
+					if hs.dropIfHeld(ly, e+x, lane) {
+						n++
+					}
 					ly.release(e + x)
 				}
 				r++
@@ -612,7 +620,10 @@ func (hs *holderState) dropTiers(gone []bool, goneLane *[layerLanes]bool) {
 			r++
 			t, s = hs.fifoTier[r], hs.fifoSlot[r]
 		default:
-			if goneLane[t-fifoLayer] {
+			if lane := int(t - fifoLayer); goneLane[lane] {
+				if hs.dropIfHeld(ly, s, lane) {
+					n++
+				}
 				ly.release(s)
 				continue
 			}
@@ -623,6 +634,7 @@ func (hs *holderState) dropTiers(gone []bool, goneLane *[layerLanes]bool) {
 	}
 	hs.fifoSlot, hs.fifoTier, hs.head = hs.fifoSlot[:w], hs.fifoTier[:w], 0
 	hs.queued = queued
+	return n
 }
 
 // ancestors marks with 1 the unheld ancestors of held slots in t (gaps and

@@ -502,8 +502,7 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 			name := ly.laneName(l)
 			goneLane[l] = name != "" && (tier == "" || name == tier)
 		}
-		n += hs.dropLayerHoldings(ly, &goneLane)
-		hs.dropTiers(gone, &goneLane)
+		n += hs.dropTiers(gone, &goneLane)
 		ly.mu.Unlock()
 	} else {
 		hs.dropTiers(gone, &goneLane)
@@ -543,23 +542,19 @@ func (ix *Index) RemoveHolder(h Holder) {
 		if ok {
 			hs.mu.Lock()
 			hs.dead = true
-			if hs.lid.Load() != 0 {
-				ly := ms.layer
-				ly.mu.Lock()
-				all := [layerLanes]bool{}
-				for l := range all {
-					all[l] = true
-				}
-				hs.dropLayerHoldings(ly, &all)
-				hs.dropTiers(make([]bool, len(hs.tierList())), &all)
-				ly.releaseID(hs)
-				ly.mu.Unlock()
-			}
 			tiers := hs.tierList()
 			tabs := make([]*table, len(tiers))
 			gone := make([]bool, len(tiers))
 			for ti, ts := range tiers {
 				tabs[ti], gone[ti] = ts.tab.Load(), true
+			}
+			if hs.lid.Load() != 0 {
+				// Its layer holdings go, and then its id there.
+				ly := ms.layer
+				ly.mu.Lock()
+				hs.dropTiers(gone, &allLanes)
+				ly.releaseID(hs)
+				ly.mu.Unlock()
 			}
 			hs.dropRoots(tabs, gone, true)
 			n := hs.live.Load()

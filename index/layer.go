@@ -68,6 +68,14 @@ const (
 	runMax       = 1<<runLaneShift - 1
 )
 
+// allLanes marks every lane, for a holder that leaves all of them.
+var allLanes = func() (all [layerLanes]bool) {
+	for l := range all {
+		all[l] = true
+	}
+	return all
+}()
+
 // layerEntry is one block in the layer.
 type layerEntry struct {
 	key atomic.Uint64
@@ -195,10 +203,9 @@ type layer struct {
 	// releases counts the holder ids freed: a reader that resolved ids
 	// read from entries before a release asks those holders again.
 	releases atomic.Uint64
-	held     atomic.Int64 // entries with a holder
-	// total counts the held entries of every model, for the memory
-	// budget and Stats.SharedBlocks.
-	total *atomic.Int64
+	// shared counts the entries with a holder over every model (the
+	// Index's), for the memory budget and Stats.SharedBlocks.
+	shared *atomic.Int64
 
 	// Writer only.
 	next     uint32 // entries ever allocated
@@ -210,8 +217,8 @@ type layer struct {
 	ids  []uint32
 }
 
-func newLayer(total *atomic.Int64) *layer {
-	ly := &layer{total: total}
+func newLayer(shared *atomic.Int64) *layer {
+	ly := &layer{shared: shared}
 	ly.tab.Store(newLayerTable(minTableSize))
 	chunks := []*[layerChunk]layerEntry{}
 	ly.chunks.Store(&chunks)
@@ -520,8 +527,7 @@ func (ly *layer) addHolder(e int, lane int, id uint32) {
 		ly.addGap(lane, uint32(p))
 	}
 	if en.members() == 0 {
-		ly.held.Add(1)
-		ly.total.Add(1)
+		ly.shared.Add(1)
 	}
 	en.lanes[lane].add(id)
 }
@@ -544,8 +550,7 @@ func (ly *layer) dropHolder(e int, lane int, id uint32) {
 	}
 	en.lanes[lane].remove(id)
 	if en.members() == 0 {
-		ly.held.Add(-1)
-		ly.total.Add(-1)
+		ly.shared.Add(-1)
 	}
 	ly.maybeFree(uint32(e))
 }

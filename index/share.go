@@ -89,42 +89,6 @@ func (hs *holderState) removeLaneGroup(ly *layer, e int, lane int, g int) bool {
 	return true
 }
 
-// dropLayerHoldings drops hs's layer holdings in the lanes marked gone,
-// those its tables moved there included, and returns how many it dropped.
-// Every layer holding has a FIFO entry. ly.mu is held.
-func (hs *holderState) dropLayerHoldings(ly *layer, gone *[layerLanes]bool) int64 {
-	if hs.lid.Load() == 0 {
-		return 0
-	}
-	tiers := hs.tierList()
-	var n int64
-	for r := hs.head; r < len(hs.fifoSlot); r++ {
-		t, i := hs.fifoTier[r], hs.fifoSlot[r]
-		switch {
-		case t < fifoLayer:
-			ts := tiers[t]
-			tab := ts.tab.Load()
-			if l := ly.laneOf(ts.name); l >= 0 && gone[l] && tab.slots[i].loadMeta()&metaMigrated != 0 &&
-				hs.dropMigrated(ly, ts.name, tab.slots[i].loadKey()) {
-				n++
-			}
-		case t == fifoRun:
-			e, lane, cnt := hs.runAt(r)
-			for x := range cnt {
-				if gone[lane] && hs.dropIfHeld(ly, e+x, lane) {
-					n++
-				}
-			}
-			r++
-		default:
-			if gone[t-fifoLayer] && hs.dropIfHeld(ly, i, int(t-fifoLayer)) {
-				n++
-			}
-		}
-	}
-	return n
-}
-
 // sharers appends to ly.hits the holders other than hs whose table for
 // tier holds key, the holders a promotion of key moves to the layer. It
 // asks the holders that start a chain at key when root (a store of key
