@@ -103,11 +103,19 @@ func (h *Hint) AppendEnvelope(b []byte) ([]byte, error) {
 	}
 	b = append(b, `{"protocol_version":"`+ProtocolVersion+`","message_id":`...)
 	b = appendString(b, h.MessageID)
-	b = append(b, `,"actions":[{"action_id":"`+ActionID+`","action_type":"`+ActionFetch+`","action_version":"`+ActionVersion+`","payload":{"block_hashes":`...)
+	b = append(b, `,"actions":[{"action_id":"`+ActionID+`","action_type":"`+ActionFetch+`","action_version":"`+ActionVersion+`","payload":`...)
+	b = h.appendFetchPayload(b)
+	return append(b, "}]}"...), nil
+}
+
+// appendFetchPayload appends the kv.fetch payload, its keys sorted as
+// Dynamo's map sorts them.
+func (h *Hint) appendFetchPayload(b []byte) []byte {
+	b = append(b, `{"block_hashes":`...)
 	b = appendHashes(b, h.BlockHashes)
 	b = append(b, `,"source_control_endpoint":`...)
 	b = appendString(b, h.SourceControlEndpoint)
-	return append(b, "}}]}"...), nil
+	return append(b, '}')
 }
 
 // AppendRouterHint appends the legacy router_hint payload, with the key
@@ -166,17 +174,15 @@ type RouterHint struct {
 	BlockHashes           []uint64 `json:"block_hashes"`
 }
 
-// Envelope returns the hint's envelope as AppendEnvelope encodes it.
+// Envelope returns the hint's envelope, which encoding/json encodes as
+// AppendEnvelope does. An invalid hint is an error wrapping ErrInvalid.
 func (h *Hint) Envelope() (Envelope, error) {
-	b, err := h.AppendEnvelope(nil)
-	if err != nil {
+	if err := h.Check(); err != nil {
 		return Envelope{}, err
 	}
-	var e Envelope
-	if err := json.Unmarshal(b, &e); err != nil {
-		return Envelope{}, fmt.Errorf("kvhints: decoding its own envelope: %w", err)
-	}
-	return e, nil
+	return Envelope{ProtocolVersion: ProtocolVersion, MessageID: h.MessageID, Actions: []Action{{
+		ActionID: ActionID, ActionType: ActionFetch, ActionVersion: ActionVersion, Payload: h.appendFetchPayload(nil),
+	}}}, nil
 }
 
 // AppendKVTransferParams appends the kv_transfer_params object to send:
@@ -318,44 +324,53 @@ func walkObject(obj []byte, f func(k string, v []byte) error) error {
 
 const hexDigits = "0123456789abcdef"
 
-// appendString appends s as a JSON string: quotes, backslashes and control
-// characters escaped, invalid UTF-8 as U+FFFD, which is what Python's
-// json reads back as the same string.
+// appendString appends s as a JSON string escaped as encoding/json escapes
+// it (HTML characters, U+2028 and U+2029 too; invalid UTF-8 as U+FFFD), so
+// that kvsource serve's answers match encoding/json's byte for byte;
+// Python's json reads every escape back as the same string.
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r != utf8.RuneError || size != 1 {
-				i += size
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
 				continue
 			}
 			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
 			i++
 			start = i
 			continue
 		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
 		default:
-			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			i += size
+			continue
 		}
-		i++
+		i += size
 		start = i
 	}
 	b = append(b, s[start:]...)

@@ -276,3 +276,29 @@ func TestStringsAreEscapedAsPythonReadsThemBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(b), `"bad\ufffdutf8"`)
 }
+
+// Strings are escaped as encoding/json escapes them, so that a JSON
+// answer embedding the envelope matches encoding/json's byte for byte.
+func TestStringsAreEscapedAsEncodingJSONEscapesThem(t *testing.T) {
+	for _, id := range []string{`a"b\c`, "\b\f\n\r\t\x00\x1f\x7f", "<script>&amp;", "é中文🙂", "bad\xffutf8\xc3", "\u2028\u2029"} {
+		h := kvhints.Hint{MessageID: id, SourceControlEndpoint: "tcp://h:1", BlockHashes: []uint64{1}}
+		got, err := h.AppendEnvelope(nil)
+		require.NoError(t, err)
+		want, err := json.Marshal(id)
+		require.NoError(t, err)
+		require.Contains(t, string(got), `"message_id":`+string(want)+`,`, "%q", id)
+	}
+}
+
+func TestTypedEnvelopeMarshalsAsTheEncoderWrites(t *testing.T) {
+	h := kvhints.Hint{MessageID: "bad\xff<id>", SourceControlEndpoint: "tcp://[fd00::1]:2", BlockHashes: []uint64{math.MaxUint64, 0}}
+	env, err := h.Envelope()
+	require.NoError(t, err)
+	typed, err := json.Marshal(env)
+	require.NoError(t, err)
+	got, err := h.AppendEnvelope(nil)
+	require.NoError(t, err)
+	require.Equal(t, string(typed), string(got))
+	_, err = (&kvhints.Hint{MessageID: "r", SourceControlEndpoint: "tcp://h:1"}).Envelope()
+	require.ErrorIs(t, err, kvhints.ErrInvalid)
+}
