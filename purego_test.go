@@ -12,7 +12,7 @@ import (
 // pureGoPackages are what a router that only hashes and scores, or decodes
 // KV events from a transport of its own (an EPP plugin, NATS), imports: they
 // must not need a C library. events/zmq is the cgo transport on top.
-var pureGoPackages = []string{"./hashing", "./index", "./picker", "./transfer", "./transfer/fake", "./events"}
+var pureGoPackages = []string{"./hashing", "./index", "./picker", "./picker/kvhints", "./transfer", "./transfer/fake", "./events"}
 
 // These packages, and everything they import, have no cgo files.
 func TestScoringPackagesNeedNoCgo(t *testing.T) {

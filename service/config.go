@@ -129,6 +129,8 @@ type Config struct {
 	SpeculativeMemory int64
 	// NATS is the scale-out role; zero: standalone.
 	NATS NATSConfig
+	// KVHints are the KV hints for vLLM's KVCR tier; zero: none.
+	KVHints KVHintsConfig
 	Limits
 	SnapshotConfig
 	MemoryConfig
@@ -349,6 +351,7 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	cfg.SnapshotConfig.flags(fs)
 	cfg.MemoryConfig.flags(fs)
 	cfg.RenderConfig.flags(fs)
+	cfg.KVHints.flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -453,6 +456,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.MemoryConfig.check(); err != nil {
+		return err
+	}
+	if err := c.KVHints.check(); err != nil {
 		return err
 	}
 	if c.SnapshotExpiry <= 0 {

@@ -19,7 +19,8 @@
 //	                 "destination_dp_rank"?, "candidates"?: [{"pod", "dp_rank"?, "waiting"?, "load"?}], "min_cached_token_delta"?}
 //	                -> {"destination", "source" (or null), "reason", "destination_cached_blocks", "source_blocks",
 //	                    "best_source_blocks", "recompute_blocks", "missing_blocks", "header", "kv_transfer_params",
-//	                    "predicted_saving_ms" (with --calibration), "skipped_sources", "skipped_state"?, ...}
+//	                    "predicted_saving_ms" (with --calibration), "skipped_sources", "skipped_state"?, ...,
+//	                    "kv_hints"? and "hint_reason"? (with KVCR endpoints)}
 //	POST /v1/done   {"request_id"} releases a pull so its source no longer counts it in flight: the
 //	                pick's request_id, or the kv_request_id its answer made up when it had none
 //	GET  /v1/pods   {"pods": [{"pod", "model", "dp_rank", "blocks", "last_seq", "state", "inflight_pulls",
@@ -50,6 +51,20 @@
 // A pick that passed over holders in another state says so in
 // "skipped_sources" and "skipped_state", and answers "no_live_source" when
 // only they could have extended the prefix.
+//
+// With KVCR control endpoints (--kvcr-endpoint, or --kvcr-config from a
+// pod's vLLM --kv-transfer-config), a pull whose source and destination
+// both have one, of one worker type, also carries a KV hint for vLLM's
+// KVCR tier (package picker/kvhints): a kv.fetch@1.0 envelope naming the
+// source's control endpoint and the prompt's engine block hashes from
+// block 0, with the pick's kv_request_id as message_id, in the answer's
+// kv_transfer_params as kv_hint (the default --hint-placement), as
+// router_hint (Dynamo's legacy payload), or as the answer's top-level
+// kv_hints (vLLM's native field). A router sets the kv_transfer_params
+// members in the engine request's own, and kv_hints at its top level.
+// "hint_reason" is "hinted" or why a pick has none (no_pull,
+// no_source_endpoint, destination_not_kvcr, worker_type, decode_leg,
+// content_keys with --keys content).
 //
 // On --events-bind, a topic naming a pod by an IP ("kv@10.0.0.7:8000@m") is
 // accepted only from that IP, and one naming it by a DNS name only from

@@ -32,6 +32,8 @@ type bodyBuf struct {
 	held   int64
 	tokens []uint32
 	out    []byte
+	// keys are the prompt's block keys, for a pick's KV hint.
+	keys   []uint64
 	scores []picker.Score
 	pods   []podScoreAnswer
 }
@@ -53,6 +55,9 @@ func putBuf(b *bodyBuf) {
 	}
 	if cap(b.out) > keepBytes {
 		b.out = nil
+	}
+	if cap(b.keys) > keepBytes/8 {
+		b.keys = nil
 	}
 	// The scores keep their Tiers slices for the next Score to reuse.
 	b.scores = b.scores[:0]
@@ -138,18 +143,20 @@ type pickAnswer struct {
 	// carries predicted_saving_ms (with --calibration, for a pull).
 	kv     picker.KVTransferParams
 	saving bool
+	// hint is the pick's KV hint, nil without KVCR endpoints.
+	hint *hintAnswer
 }
 
 // response is the answer as PickResponse, the schema appendJSON
 // encodes.
-func (a *pickAnswer) response() PickResponse {
+func (a *pickAnswer) response() (PickResponse, error) {
 	d := a.d
 	resp := PickResponse{
 		Destination: d.Destination.Pod, DestinationDPRank: d.Destination.Rank, Reason: d.Reason,
 		Blocks: d.Blocks, BlockSize: d.BlockSize, DestinationCachedBlocks: d.Cached,
 		SourceBlocks: d.Gain, BestSourceBlocks: d.Best, RecomputeBlocks: d.Recompute,
 		SkippedSources: d.Skipped, SkippedState: d.SkippedState,
-		MissingBlocks: keysJSON(d.Missing), Header: map[string]string{}, KVTransferParams: a.kv,
+		MissingBlocks: keysJSON(d.Missing), Header: map[string]string{}, KVTransferParams: KVTransferParams{RemoteKVSource: a.kv.RemoteKVSource},
 	}
 	if d.Reason == picker.ReasonPull {
 		resp.Source, resp.SourceDPRank = &d.Source.Pod, &d.Source.Rank
@@ -159,7 +166,7 @@ func (a *pickAnswer) response() PickResponse {
 		name, value := d.Header()
 		resp.Header[name] = value
 	}
-	return resp
+	return resp, a.hint.set(&resp)
 }
 
 // appendJSON appends the answer as encoding/json's Encoder encodes
@@ -221,7 +228,24 @@ func (a *pickAnswer) appendJSON(b []byte) ([]byte, error) {
 		b = strconv.AppendInt(b, int64(src.RemotePort), 10)
 		b = append(b, '}')
 	}
-	return append(b, "}}\n"...), nil
+	var err error
+	if a.hint.inParams() {
+		if b, err = a.hint.appendParams(b, a.kv.RemoteKVSource != nil); err != nil {
+			return b, err
+		}
+	}
+	b = append(b, '}')
+	if a.hint.topLevel() {
+		b = append(b, `,"kv_hints":`...)
+		if b, err = a.hint.hint.AppendEnvelope(b); err != nil {
+			return b, err
+		}
+	}
+	if a.hint != nil {
+		b = append(b, `,"hint_reason":`...)
+		b = appendString(b, string(a.hint.reason))
+	}
+	return append(b, "}\n"...), nil
 }
 
 // scoreAnswer is a score's answer: ScoreResponse's JSON, encoded

@@ -86,10 +86,12 @@ func TestServeAnswersEncodeAsEncodingJSONDoes(t *testing.T) {
 			kv = picker.KVTransferParams{RemoteKVSource: &picker.RemoteKVSource{
 				KVRequestID: randString(r), RemoteHost: randString(r), RemotePort: r.IntN(70000)}}
 		}
-		a := pickAnswer{d: &d, kv: kv, saving: r.IntN(2) == 0}
+		a := pickAnswer{d: &d, kv: kv, saving: r.IntN(2) == 0, hint: randHintAnswer(r)}
 		got, err := a.appendJSON(nil)
 		require.NoError(t, err)
-		require.Equal(t, oracleJSON(t, a.response()), string(got), "pick %d", iter)
+		resp, err := a.response()
+		require.NoError(t, err)
+		require.Equal(t, oracleJSON(t, resp), string(got), "pick %d", iter)
 
 		sa := scoreAnswer{model: randString(r), blocks: r.IntN(3000)}
 		for range r.IntN(5) {

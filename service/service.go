@@ -61,7 +61,8 @@ type Service struct {
 	// snapSeqs are the sequence numbers the snapshot was loaded with; read
 	// only after start-up.
 	snapSeqs map[index.Holder]uint64
-	nats     *natsRole // nil: standalone
+	nats     *natsRole  // nil: standalone
+	hints    *hintState // nil: no KVCR endpoints
 }
 
 // New builds the service of cfg: it loads the snapshot, connects to NATS
@@ -157,6 +158,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.initMetrics()
+	s.hints = s.newHints(cfg)
 	if s.render, err = s.newRenderer(cfg.RenderConfig); err != nil {
 		return nil, err
 	}
@@ -569,6 +571,13 @@ func (s *Service) handlePick(w http.ResponseWriter, r *http.Request, b *bodyBuf)
 	if preq.Candidates, err = s.candidates(req.Model, req.Candidates); err != nil {
 		return err
 	}
+	if s.hints != nil {
+		// A hint names the prompt's blocks from block 0, which the
+		// decision does not keep.
+		if preq.Keys, err = s.promptKeys(r.Context(), prompt, b); err != nil {
+			return pickerError(err)
+		}
+	}
 	d, err := s.pk.PickContext(r.Context(), preq)
 	if err != nil {
 		return pickerError(err)
@@ -579,11 +588,11 @@ func (s *Service) handlePick(w http.ResponseWriter, r *http.Request, b *bodyBuf)
 		s.speculate(req.Model, preq.Destination, prompt)
 	}
 	a := pickAnswer{d: &d, saving: s.cfg.Calibration != ""}
+	kvID := req.RequestID
 	if d.Reason == picker.ReasonPull {
 		// The consumer engine keys its pull session with the producer by
 		// kv_request_id: two pulls under one id (say, the empty one) would
 		// collide there.
-		kvID := req.RequestID
 		if kvID == "" {
 			kvID = newKVRequestID()
 		}
@@ -592,6 +601,12 @@ func (s *Service) handlePick(w http.ResponseWriter, r *http.Request, b *bodyBuf)
 		// without a request_id can be released by its kv_request_id. The
 		// copy and d release the same pull, once.
 		s.pulls.keep(kvID, d, time.Now())
+	}
+	if s.hints != nil {
+		// The hint's message_id is the id its pull is known by.
+		if a.hint, err = s.hints.answer(&d, preq.Keys, kvID); err != nil {
+			return err
+		}
 	}
 	if b.out, err = a.appendJSON(b.out[:0]); err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
+	"github.com/kvsource/kvsource/picker/kvhints"
 )
 
 type MMItem struct {
@@ -96,13 +97,30 @@ type PickResponse struct {
 	BestSourceBlocks        int           `json:"best_source_blocks"`
 	// SkippedSources counts holders that could have extended the prefix
 	// but were no live source; SkippedState is the best one's state.
-	SkippedSources        int                     `json:"skipped_sources"`
-	SkippedState          string                  `json:"skipped_state,omitempty"`
-	RecomputeBlocks       int                     `json:"recompute_blocks"`
-	PredictedSavingMillis *float64                `json:"predicted_saving_ms,omitempty"`
-	MissingBlocks         []string                `json:"missing_blocks"`
-	Header                map[string]string       `json:"header"`
-	KVTransferParams      picker.KVTransferParams `json:"kv_transfer_params"`
+	SkippedSources        int               `json:"skipped_sources"`
+	SkippedState          string            `json:"skipped_state,omitempty"`
+	RecomputeBlocks       int               `json:"recompute_blocks"`
+	PredictedSavingMillis *float64          `json:"predicted_saving_ms,omitempty"`
+	MissingBlocks         []string          `json:"missing_blocks"`
+	Header                map[string]string `json:"header"`
+	KVTransferParams      KVTransferParams  `json:"kv_transfer_params"`
+	// KVHints is the KV hint with --hint-placement kv_hints, to send as
+	// the engine request's top-level kv_hints.
+	KVHints *kvhints.Envelope `json:"kv_hints,omitempty"`
+	// HintReason is, with KVCR endpoints configured, "hinted" or why
+	// the pick has no KV hint.
+	HintReason kvhints.Reason `json:"hint_reason,omitempty"`
+}
+
+// KVTransferParams are the members of a pick's kv_transfer_params: llm-d's
+// remote_kv_source for vLLM's P2P tier and, with KVCR endpoints, the KV
+// hint for its KVCR tier (kv_hint, or router_hint with --hint-placement
+// router_hint). A router sets them in the engine request's
+// kv_transfer_params beside that object's own members.
+type KVTransferParams struct {
+	RemoteKVSource *picker.RemoteKVSource `json:"remote_kv_source,omitempty"`
+	KVHint         *kvhints.Envelope      `json:"kv_hint,omitempty"`
+	RouterHint     *kvhints.RouterHint    `json:"router_hint,omitempty"`
 }
 
 type ErrorResponse struct {

@@ -15,7 +15,9 @@
 // SourceProducer (type kvsource-p2p-source-producer) decides, after
 // scheduling, whether the pod computing the prompt should pull its missing
 // prefix from a peer, by kvsource's rule, and names the peer in llm-d's
-// x-kv-cache-source-host-port header; the response body hook releases the
+// x-kv-cache-source-host-port header; with kvHints it also sets the pull's
+// KV hint for vLLM's KVCR tier, as a JSON merge patch of the request body,
+// in the x-kvsource-kv-hint header. The response body hook releases the
 // pull's in-flight count.
 //
 // The decision path is pure Go. Receiving KV events over ZMQ needs cgo and

@@ -18,8 +18,10 @@ import (
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/requestcontrol"
 	"github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/interface/scheduling"
 	attrprefix "github.com/kvsource/kvsource/examples/eppplugin/mirror/github.com/llm-d/llm-d-router/pkg/epp/framework/plugins/datalayer/attribute/prefix"
+	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
+	"github.com/kvsource/kvsource/picker/kvhints"
 	"github.com/kvsource/kvsource/transfer"
 )
 
@@ -46,6 +48,80 @@ type SourceConfig struct {
 	// Calibration, when set, also requires each pull's predicted saving,
 	// from a model fitted to these measurements, to exceed MinSavingMillis.
 	Calibration *CalibrationConfig `json:"calibration,omitempty"`
+	// KVHints, when set, also attaches a KV hint for vLLM's KVCR tier to
+	// each pull whose source and computing endpoint have KVCR endpoints.
+	KVHints *KVHintsConfig `json:"kvHints,omitempty"`
+}
+
+// KVHintsConfig is the source producer's KV hints (package kvhints): the
+// pull's kv.fetch hint, as a JSON merge patch (RFC 7386) of the request
+// body in the x-kvsource-kv-hint header, beside the source header, for
+// the hop that forwards the body to vLLM to apply.
+type KVHintsConfig struct {
+	// Placement is where the patch puts the hint: kv_hint
+	// (kv_transfer_params.kv_hint, the default), kv_hints (top level) or
+	// router_hint (Dynamo's legacy kv_transfer_params.router_hint).
+	Placement string `json:"placement,omitempty"`
+	// Endpoints are the endpoints' KVCR control endpoints.
+	Endpoints []KVCREndpointConfig `json:"endpoints"`
+}
+
+// KVCREndpointConfig is one EPP endpoint's KVCR control endpoints: listed,
+// or read from its vLLM --kv-transfer-config.
+type KVCREndpointConfig struct {
+	// Endpoint is the EPP endpoint, host:port as its metadata gives it.
+	Endpoint string `json:"endpoint"`
+	// ControlEndpoints are tcp://host:port, the k-th for data-parallel rank
+	// DPStartRank+k.
+	ControlEndpoints []string `json:"controlEndpoints,omitempty"`
+	// KVTransferConfig is the pod's --kv-transfer-config, instead.
+	KVTransferConfig json.RawMessage `json:"kvTransferConfig,omitempty"`
+	// WorkerType is aggregated (default), prefill or decode.
+	WorkerType  string `json:"workerType,omitempty"`
+	DPStartRank int    `json:"dpStartRank,omitempty"`
+}
+
+// KVHintHeader carries a pull's KV hint as a JSON merge patch of the
+// request body.
+const KVHintHeader = "x-kvsource-kv-hint"
+
+// hinter returns the KV hints of cfg, nil when cfg is.
+func (cfg *KVHintsConfig) hinter(contentKeys bool) (*kvhints.Hinter, kvhints.Placement, error) {
+	if cfg == nil {
+		return nil, "", nil
+	}
+	p, err := kvhints.ParsePlacement(cfg.Placement)
+	if err != nil {
+		return nil, "", err
+	}
+	var eps kvhints.Endpoints
+	for _, e := range cfg.Endpoints {
+		wt, err := kvhints.ParseWorkerType(e.WorkerType)
+		if err != nil {
+			return nil, "", fmt.Errorf("endpoint %s: %w", e.Endpoint, err)
+		}
+		var list []kvhints.Endpoint
+		switch {
+		case e.Endpoint == "":
+			return nil, "", errors.New("a KVCR endpoint entry without endpoint")
+		case (len(e.ControlEndpoints) > 0) == (len(e.KVTransferConfig) > 0):
+			return nil, "", fmt.Errorf("endpoint %s: give one of controlEndpoints and kvTransferConfig", e.Endpoint)
+		case len(e.KVTransferConfig) > 0:
+			if list, err = kvhints.FromKVTransferConfig(e.Endpoint, e.DPStartRank, wt, e.KVTransferConfig); err != nil {
+				return nil, "", err
+			}
+		default:
+			for k, a := range e.ControlEndpoints {
+				list = append(list, kvhints.Endpoint{Holder: index.Holder{Pod: e.Endpoint, Rank: e.DPStartRank + k}, Address: a, WorkerType: wt})
+			}
+		}
+		for _, ep := range list {
+			if err := eps.Add(ep); err != nil {
+				return nil, "", err
+			}
+		}
+	}
+	return kvhints.New(kvhints.Config{Endpoints: &eps, ContentKeys: contentKeys}), p, nil
 }
 
 // CalibrationConfig is measured recompute and pull times, the format of
@@ -121,6 +197,8 @@ type SourceProducer struct {
 	consumes  plugin.DataKey
 	prefill   string
 	pick      *picker.Picker
+	hints     *kvhints.Hinter // nil without kvHints
+	placement kvhints.Placement
 	stashKey  string
 	pullKey   string
 	decisions *prometheus.CounterVec
@@ -191,6 +269,10 @@ func NewSourceProducer(name string, cfg SourceConfig, prefix *PrefixProducer, me
 	if err != nil {
 		return nil, bad("%v", err)
 	}
+	hints, placement, err := cfg.KVHints.hinter(prefix.Hasher().Config().Algo == hashing.Content)
+	if err != nil {
+		return nil, bad("kvHints: %v", err)
+	}
 	prefill := cfg.PrefillProfileName
 	if prefill == "" {
 		prefill = defaultPrefillProfile
@@ -201,6 +283,8 @@ func NewSourceProducer(name string, cfg SourceConfig, prefix *PrefixProducer, me
 		consumes:  attrprefix.PrefixCacheMatchInfoDataKey.WithNonEmptyProducerName(prefix.TypedName().Name),
 		prefill:   prefill,
 		pick:      pk,
+		hints:     hints,
+		placement: placement,
 		stashKey:  SourceProducerType + "/" + name + "/candidates",
 		pullKey:   SourceProducerType + "/" + name + "/pull",
 		log:       log,
@@ -296,6 +380,7 @@ func (p *SourceProducer) PreRequest(ctx context.Context, request *scheduling.Inf
 	// must not make its computing pod look as if it held the prompt.
 	defer p.prefix.speculate(request, res)
 	delete(request.Headers, routing.KVCacheSourceHeader)
+	delete(request.Headers, KVHintHeader)
 	// A request scheduled again gives its earlier pull back.
 	if old, ok := scheduling.ReadRequestAttribute[*inflight](request, p.pullKey); ok {
 		old.release()
@@ -336,7 +421,33 @@ func (p *SourceProducer) PreRequest(ctx context.Context, request *scheduling.Inf
 	}
 	request.Headers[routing.KVCacheSourceHeader] = addr
 	request.PutAttribute(p.pullKey, &inflight{d: &d})
+	if p.hints != nil {
+		p.attachHint(request, &d, st.prompt.keys)
+	}
 	return nil
+}
+
+// attachHint sets the pull's KV hint header, when the decision is eligible
+// for one; a failure leaves the pull to the source header alone.
+func (p *SourceProducer) attachHint(request *scheduling.InferenceRequest, d *picker.Decision, keys []uint64) {
+	if request.RequestID == "" {
+		// The envelope's message_id must not be empty; the EPP names
+		// every request it schedules.
+		return
+	}
+	h, reason, err := p.hints.Hint(d, keys, request.RequestID)
+	if err == nil && reason == kvhints.ReasonHinted {
+		var patch []byte
+		if patch, err = kvhints.MergeIntoBody(nil, nil, &h, p.placement); err == nil {
+			request.Headers[KVHintHeader] = string(patch)
+			return
+		}
+	}
+	if err != nil {
+		p.log.Warn("kvsource: no KV hint", "request", request.RequestID, "err", err)
+		return
+	}
+	p.log.Debug("kvsource: no KV hint", "request", request.RequestID, "reason", reason)
 }
 
 // ResponseBody implements requestcontrol.ResponseBodyProcessor: the last
