@@ -48,6 +48,17 @@
 // therefore delivered before the producer closes the connection to a
 // rejected consumer, within ProducerConfig.RejectLinger.
 //
+// A connect from a consumer that already has a session (it closed the old
+// one and connected again at once, or restarted at the same address)
+// replaces that session, without a disconnect (ProducerStats.Replaced);
+// vLLM's producer drops both instead. Both sides' ROUTERs set
+// ZMQ_ROUTER_HANDOVER, so the new connection takes the identity while the
+// old one is still closing; what the old one delivers after that arrives
+// under an identity that is not "host:port" and reaches no session. A
+// vLLM consumer's ROUTER has no handover: when one reconnects at once, the
+// producer's new connect to it may be dropped while the old connection
+// closes, and its handshake then times out.
+//
 // A lookup pins its hits for (kv_request_id, round_seq) and gets exactly
 // one lookup_resp with every key in the original order. A fetch names hits
 // of its round and destination block indexes; the producer writes each
