@@ -14,6 +14,16 @@ import (
 	"github.com/kvsource/kvsource/transfer"
 )
 
+func init() {
+	benchPlanes = append(benchPlanes, benchPlane{"nixl", func(b *testing.B) DataPlane {
+		n, err := NewNIXL(NIXLConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}})
+}
+
 func newNIXLPlane(t *testing.T) *NIXL {
 	t.Helper()
 	n, err := NewNIXL(NIXLConfig{})
