@@ -91,17 +91,27 @@
 // # Building with NIXL
 //
 // NIXL v1.4.0 builds libnixl_capi.so (src/bindings/rust, meson target
-// nixl_capi) but installs no header, SONAME or pkg-config file, so the
-// declarations the package needs are in nixl.go and only the library must
-// be found. With NIXL and UCX installed under $NIXL_PREFIX:
+// nixl_capi) but installs no header or pkg-config file for it, so the
+// declarations the package needs are in nixl.go; where wrapper.h is on the
+// include path as <nixl_capi/wrapper.h> they are checked against it. With
+// NIXL and UCX installed under $NIXL_PREFIX:
 //
 //	LIB=$NIXL_PREFIX/lib/x86_64-linux-gnu
-//	export CGO_LDFLAGS="-L$LIB -Wl,-rpath,$LIB"
-//	export LD_LIBRARY_PATH=$LIB:$LD_LIBRARY_PATH   # and NIXL_PLUGIN_DIR if not the default
+//	export CGO_CFLAGS="-O2 -g -I$NIXL_PREFIX/include" CGO_LDFLAGS="-L$LIB"
+//	export LD_LIBRARY_PATH=$LIB   # also finds libnixl_capi.so's own dependencies
 //	go test -tags nixl -race ./transfer/...
 //
-// The nixl tests run two agents in one process over UCX loopback: a raw
-// WRITE by block index, and the protocol end to end with both sides on
-// NIXL. Without the tag nothing refers to NIXL and the package builds
-// anywhere libzmq does.
+// make test does this with the relocatable build in ../shared/nixl
+// (scripts/nixl.sh extracts it into a cache outside the checkout and prints
+// that environment), and says it skipped the NIXL tests where there is
+// none. NIXL finds its UCX plugin beside libnixl.so: NIXL_PLUGIN_DIR is not
+// needed.
+//
+// The nixl tests run two agents in one process over UCX loopback: raw
+// WRITEs by block index, two Remotes of one peer, idle agents' CPU, and the
+// protocol end to end with both sides on NIXL, including a consumer that
+// reconnects while its old session is reaped. NIXLConfig.ProgressDelay
+// keeps the backend's progress thread from spinning (NIXL's default agent
+// spins a core per idle agent). Without the tag nothing refers to NIXL and
+// the package builds anywhere libzmq does.
 package p2p
