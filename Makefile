@@ -5,7 +5,7 @@ GO       ?= go
 BENCH    ?= .
 BENCHTIME ?= 1s
 
-.PHONY: all deps build test bench demo fuzz
+.PHONY: all deps build test test-nixl bench demo fuzz
 
 all: build
 
@@ -20,12 +20,27 @@ test: deps
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	$(GO) test -race -count=1 -timeout 9m ./...
+	@$(MAKE) --no-print-directory test-nixl
+
+# The nixl-tagged tests of transfer/... (vet, then with and without -race)
+# against the NIXL build in ../shared/nixl, which scripts/nixl.sh extracts
+# into a cache outside the checkout; said to be skipped where there is none.
+NIXL_ENV = st=0; env=$$(./scripts/nixl.sh) || st=$$?; \
+	if [ $$st = 2 ]; then echo "$@: NIXL skipped: no NIXL build (see above)"; exit 0; fi; \
+	[ $$st = 0 ] || exit $$st; eval "$$env"
+test-nixl: deps
+	@set -e; $(NIXL_ENV); set -x; \
+	$(GO) vet -tags nixl ./transfer/...; \
+	$(GO) test -tags nixl -count=1 -run NIXL ./transfer/...; \
+	$(GO) test -tags nixl -race -count=1 -run NIXL ./transfer/...
 
 # Benchmarks and long soaks; see BENCHMARKS.md for the numbers and machine.
 # The load run (TestServeLoad) drives the built kvsource serve on loopback.
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem -timeout 60m ./...
 	KVSOURCE_LOAD=1 $(GO) test ./service -run '^TestServeLoad$$' -count 1 -v -timeout 10m
+	@set -e; $(NIXL_ENV); set -x; \
+	$(GO) test -tags nixl ./transfer/p2p -run '^$$' -bench 'PullLoopback' -benchtime $(BENCHTIME) -benchmem -timeout 10m
 
 demo: deps
 	$(GO) run ./examples/fleetreplay

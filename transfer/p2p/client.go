@@ -201,6 +201,11 @@ func (c *Client) match(from string) *session {
 		return s
 	}
 	_, port, ok := splitHostPort(from)
+	if !ok {
+		// Peers name themselves "host:port"; anything else is a connection
+		// a reconnecting peer replaced (see listen), or a stranger.
+		return nil
+	}
 	var byPort, pending []*session
 	for k, s := range c.sessions {
 		// Only a session still waiting for its peer's first message can
@@ -209,7 +214,7 @@ func (c *Client) match(from string) *session {
 			continue
 		}
 		pending = append(pending, s)
-		if _, p, _ := splitHostPort(s.addr); ok && p == port {
+		if _, p, _ := splitHostPort(s.addr); p == port {
 			byPort = append(byPort, s)
 		}
 	}

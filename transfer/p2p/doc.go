@@ -48,6 +48,17 @@
 // therefore delivered before the producer closes the connection to a
 // rejected consumer, within ProducerConfig.RejectLinger.
 //
+// A connect from a consumer that already has a session (it closed the old
+// one and connected again at once, or restarted at the same address)
+// replaces that session, without a disconnect (ProducerStats.Replaced);
+// vLLM's producer drops both instead. Both sides' ROUTERs set
+// ZMQ_ROUTER_HANDOVER, so the new connection takes the identity while the
+// old one is still closing; what the old one delivers after that arrives
+// under an identity that is not "host:port" and reaches no session. A
+// vLLM consumer's ROUTER has no handover: when one reconnects at once, the
+// producer's new connect to it may be dropped while the old connection
+// closes, and its handshake then times out.
+//
 // A lookup pins its hits for (kv_request_id, round_seq) and gets exactly
 // one lookup_resp with every key in the original order. A fetch names hits
 // of its round and destination block indexes; the producer writes each
@@ -80,17 +91,27 @@
 // # Building with NIXL
 //
 // NIXL v1.4.0 builds libnixl_capi.so (src/bindings/rust, meson target
-// nixl_capi) but installs no header, SONAME or pkg-config file, so the
-// declarations the package needs are in nixl.go and only the library must
-// be found. With NIXL and UCX installed under $NIXL_PREFIX:
+// nixl_capi) but installs no header or pkg-config file for it, so the
+// declarations the package needs are in nixl.go; where wrapper.h is on the
+// include path as <nixl_capi/wrapper.h> they are checked against it. With
+// NIXL and UCX installed under $NIXL_PREFIX:
 //
 //	LIB=$NIXL_PREFIX/lib/x86_64-linux-gnu
-//	export CGO_LDFLAGS="-L$LIB -Wl,-rpath,$LIB"
-//	export LD_LIBRARY_PATH=$LIB:$LD_LIBRARY_PATH   # and NIXL_PLUGIN_DIR if not the default
+//	export CGO_CFLAGS="-O2 -g -I$NIXL_PREFIX/include" CGO_LDFLAGS="-L$LIB"
+//	export LD_LIBRARY_PATH=$LIB   # also finds libnixl_capi.so's own dependencies
 //	go test -tags nixl -race ./transfer/...
 //
-// The nixl tests run two agents in one process over UCX loopback: a raw
-// WRITE by block index, and the protocol end to end with both sides on
-// NIXL. Without the tag nothing refers to NIXL and the package builds
-// anywhere libzmq does.
+// make test does this with the relocatable build in ../shared/nixl
+// (scripts/nixl.sh extracts it into a cache outside the checkout and prints
+// that environment), and says it skipped the NIXL tests where there is
+// none. NIXL finds its UCX plugin beside libnixl.so: NIXL_PLUGIN_DIR is not
+// needed.
+//
+// The nixl tests run two agents in one process over UCX loopback: raw
+// WRITEs by block index, two Remotes of one peer, idle agents' CPU, and the
+// protocol end to end with both sides on NIXL, including a consumer that
+// reconnects while its old session is reaped. NIXLConfig.ProgressDelay
+// keeps the backend's progress thread from spinning (NIXL's default agent
+// spins a core per idle agent). Without the tag nothing refers to NIXL and
+// the package builds anywhere libzmq does.
 package p2p

@@ -2,25 +2,33 @@
 
 // The NIXL data plane, built with -tags nixl. It talks to libnixl_capi, the
 // C API NIXL v1.4.0 builds from src/bindings/rust/wrapper.cpp. v1.4.0
-// installs no header for it, so the functions used are declared below from
-// the API's documented signatures. They match v1.4.0 and the header of
-// NIXL's PR #2180 (src/api/c/nixl_capi.h); releases before v1.4.0 took a
-// third "sorted" argument in nixl_capi_create_xfer_dlist and
-// nixl_capi_create_reg_dlist and are not supported. v1.4.0's
-// nixl_capi_get_local_md returns malloc'd memory, released here with free();
-// with PR #2180 that becomes nixl_capi_mem_free.
+// installs no header for it, so the declarations used are below, copied
+// from that release's src/bindings/rust/wrapper.h. Where the header is on
+// the include path as <nixl_capi/wrapper.h> (the build in ../shared/nixl
+// ships it; scripts/nixl.sh sets CGO_CFLAGS), the preamble includes it and
+// the C compiler checks every declaration below against it. Releases
+// before v1.4.0 took a third "sorted" argument in
+// nixl_capi_create_xfer_dlist and nixl_capi_create_reg_dlist and are not
+// supported. v1.4.0's nixl_capi_get_local_md returns malloc'd memory,
+// released here with free(); NIXL's PR #2180 turns that into
+// nixl_capi_mem_free.
 //
-// Build and test where NIXL (with UCX) is installed:
+// Build and test where NIXL (with UCX) is installed under $NIXL_PREFIX
+// (make test does this with ../shared/nixl; see scripts/nixl.sh):
 //
-//	export CGO_CFLAGS="-I$NIXL_PREFIX/include"   # only needed for a future installed header
-//	export CGO_LDFLAGS="-L$NIXL_PREFIX/lib/x86_64-linux-gnu -Wl,-rpath,$NIXL_PREFIX/lib/x86_64-linux-gnu"
-//	export LD_LIBRARY_PATH="$NIXL_PREFIX/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
+//	LIB=$NIXL_PREFIX/lib/x86_64-linux-gnu
+//	export CGO_CFLAGS="-O2 -g -I$NIXL_PREFIX/include"
+//	export CGO_LDFLAGS="-L$LIB"
+//	export LD_LIBRARY_PATH="$LIB"
 //	go test -tags nixl -race ./transfer/...
 //
-// libnixl_capi.so must be on the linker path (it has no SONAME in v1.4.0,
-// so the rpath above or LD_LIBRARY_PATH is what finds it at run time), and
-// NIXL_PLUGIN_DIR must point at NIXL's plugin directory if it is not the
-// default. The tests run two agents in one process over UCX loopback.
+// LD_LIBRARY_PATH is needed at run time: Go's link writes a RUNPATH for
+// -Wl,-rpath, and a RUNPATH is not used for libnixl_capi.so's own
+// dependencies (libnixl.so, UCX, Abseil); -Wl,--disable-new-dtags with the
+// rpath works too. NIXL_PLUGIN_DIR is not needed: NIXL looks for its
+// plugins in the plugins directory beside libnixl.so. The tests run two
+// agents in one process over UCX loopback (cma for the RMA, tcp for
+// messages).
 
 package p2p
 
@@ -31,9 +39,50 @@ package p2p
 #include <stdint.h>
 #include <stdlib.h>
 
-typedef int nixl_capi_status_t;      // NIXL_CAPI_SUCCESS 0, NIXL_CAPI_IN_PROG 1, errors < 0
-typedef int nixl_capi_mem_type_t;    // NIXL_CAPI_MEM_DRAM 0
-typedef int nixl_capi_xfer_op_t;     // NIXL_CAPI_XFER_OP_WRITE 1
+#if __has_include(<nixl_capi/wrapper.h>)
+#include <nixl_capi/wrapper.h>
+#else
+typedef enum {
+	NIXL_CAPI_SUCCESS = 0,
+	NIXL_CAPI_ERROR_INVALID_PARAM = -1,
+	NIXL_CAPI_ERROR_BACKEND = -2,
+	NIXL_CAPI_ERROR_INVALID_STATE = -3,
+	NIXL_CAPI_ERROR_EXCEPTION = -4,
+	NIXL_CAPI_IN_PROG = 1,
+	NIXL_CAPI_ERROR_NO_TELEMETRY = -5,
+} nixl_capi_status_t;
+
+typedef enum {
+	NIXL_CAPI_MEM_DRAM = 0,
+	NIXL_CAPI_MEM_VRAM = 1,
+	NIXL_CAPI_MEM_BLOCK = 2,
+	NIXL_CAPI_MEM_OBJECT = 3,
+	NIXL_CAPI_MEM_FILE = 4,
+	NIXL_CAPI_MEM_UNKNOWN = 5
+} nixl_capi_mem_type_t;
+
+typedef enum {
+	NIXL_CAPI_THREAD_SYNC_NONE = 0,
+	NIXL_CAPI_THREAD_SYNC_STRICT = 1,
+	NIXL_CAPI_THREAD_SYNC_RW = 2,
+	NIXL_CAPI_THREAD_SYNC_DEFAULT = NIXL_CAPI_THREAD_SYNC_NONE,
+} nixl_capi_thread_sync_t;
+
+typedef struct nixl_capi_agent_config_s {
+	bool enable_prog_thread;
+	bool enable_listen_thread;
+	int listen_port;
+	nixl_capi_thread_sync_t thread_sync;
+	unsigned int num_workers;
+	uint64_t pthr_delay_us;
+	uint64_t lthr_delay_us;
+	bool capture_telemetry;
+} nixl_capi_agent_config_t;
+
+typedef enum {
+	NIXL_CAPI_XFER_OP_READ = 0,
+	NIXL_CAPI_XFER_OP_WRITE = 1,
+} nixl_capi_xfer_op_t;
 
 typedef struct nixl_capi_agent_s *nixl_capi_agent_t;
 typedef struct nixl_capi_params_s *nixl_capi_params_t;
@@ -44,8 +93,10 @@ typedef struct nixl_capi_xfer_dlist_s *nixl_capi_xfer_dlist_t;
 typedef struct nixl_capi_xfer_dlist_handle_s *nixl_capi_xfer_dlist_handle_t;
 typedef struct nixl_capi_reg_dlist_s *nixl_capi_reg_dlist_t;
 typedef struct nixl_capi_xfer_req_s *nixl_capi_xfer_req_t;
+#endif
 
-nixl_capi_status_t nixl_capi_create_agent(const char *name, nixl_capi_agent_t *agent);
+nixl_capi_status_t nixl_capi_create_configured_agent(const char *name, const nixl_capi_agent_config_t *cfg,
+	nixl_capi_agent_t *agent);
 nixl_capi_status_t nixl_capi_destroy_agent(nixl_capi_agent_t agent);
 
 nixl_capi_status_t nixl_capi_get_plugin_params(nixl_capi_agent_t agent, const char *plugin,
@@ -102,27 +153,19 @@ import (
 	"unsafe"
 )
 
-// NIXL C API constants (wrapper.h of NIXL v1.4.0). Later headers add
-// NIXL_CAPI_IN_PROG_WITH_ERR: still running, some entry failed.
-const (
-	nixlSuccess           = 0
-	nixlInProgress        = 1
-	nixlInProgressWithErr = 2
-	nixlMemDRAM           = 0
-	nixlOpWrite           = 1
-)
-
 // running reports whether a transfer status means the request may still
-// write.
-func running(st C.nixl_capi_status_t) bool {
-	return st == nixlInProgress || st == nixlInProgressWithErr
-}
+// write. nixl_capi_get_xfer_status answers only NIXL_CAPI_SUCCESS,
+// NIXL_CAPI_IN_PROG or NIXL_CAPI_ERROR_BACKEND (v1.4.0 has no status for
+// "running, some entry failed"); releasing a failed request cancels what
+// of it may still run.
+func running(st C.nixl_capi_status_t) bool { return st == C.NIXL_CAPI_IN_PROG }
 
 // localAgent is the agent name prep_xfer_dlist takes for the local agent's
 // own descriptors (NIXL_INIT_AGENT).
 const localAgent = ""
 
-// NIXLConfig configures a NIXL data plane. The zero value is vLLM's setup.
+// NIXLConfig configures a NIXL data plane. The zero value is vLLM's setup
+// but for ProgressDelay (vLLM's agents spin).
 type NIXLConfig struct {
 	// Name of the agent; it must differ from every peer's. Default a random
 	// "kvsource-<hex>" (vLLM uses a uuid4).
@@ -134,6 +177,13 @@ type NIXLConfig struct {
 	// PollInterval is the longest pause between polls of a transfer's
 	// status. Default 100 µs.
 	PollInterval time.Duration
+	// ProgressDelay is the longest the backend's progress thread sleeps
+	// between rounds when no event wakes it (the agent's pthrDelay; UCX
+	// rounds it up to whole milliseconds). NIXL's default, 0, never
+	// sleeps: each idle agent spins on a core. The thread wakes at once on
+	// its workers' events, so the delay only bounds the periodic
+	// progress. Default 10 ms.
+	ProgressDelay time.Duration
 }
 
 type nixlError struct {
@@ -146,7 +196,7 @@ func (e nixlError) Error() string { return fmt.Sprintf("nixl: %s: status %d", e.
 func (e nixlError) Unwrap() error { return ErrDataPlane }
 
 func check(op string, st C.nixl_capi_status_t) error {
-	if st != nixlSuccess {
+	if st != C.NIXL_CAPI_SUCCESS {
 		return nixlError{op, st}
 	}
 	return nil
@@ -167,6 +217,11 @@ type NIXL struct {
 	reg     C.nixl_capi_reg_dlist_t
 	local   C.nixl_capi_xfer_dlist_handle_t
 	blocks  int
+	// peers counts the open Remotes of each peer agent: NIXL keeps one
+	// metadata entry per agent name, so a peer is unloaded only when its
+	// last Remote closes (a consumer that reconnects while its old session
+	// is reaped has two).
+	peers map[string]int
 }
 
 var _ DataPlane = (*NIXL)(nil)
@@ -187,10 +242,22 @@ func NewNIXL(cfg NIXLConfig) (*NIXL, error) {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 100 * time.Microsecond
 	}
-	n := &NIXL{cfg: cfg}
+	if cfg.ProgressDelay <= 0 {
+		cfg.ProgressDelay = 10 * time.Millisecond
+	}
+	n := &NIXL{cfg: cfg, peers: make(map[string]int)}
 	name := C.CString(cfg.Name)
 	defer C.free(unsafe.Pointer(name))
-	if err := check("create_agent", C.nixl_capi_create_agent(name, &n.agent)); err != nil {
+	// nixl_capi_create_agent's config, but for the progress thread's delay.
+	// No thread sync: n.mu serialises every call.
+	acfg := C.nixl_capi_agent_config_t{
+		enable_prog_thread: true,
+		thread_sync:        C.NIXL_CAPI_THREAD_SYNC_NONE,
+		num_workers:        1,
+		pthr_delay_us:      C.uint64_t(cfg.ProgressDelay.Microseconds()),
+		lthr_delay_us:      100_000, // nixlAgentConfig's default; no listener runs
+	}
+	if err := check("create_configured_agent", C.nixl_capi_create_configured_agent(name, &acfg, &n.agent)); err != nil {
 		return nil, err
 	}
 	if err := n.createBackend(); err != nil {
@@ -229,7 +296,7 @@ func (n *NIXL) Name() string { return n.cfg.Name }
 func (n *NIXL) blockDescs(agent string, base uintptr, count, blockLen int) (C.nixl_capi_xfer_dlist_handle_t, error) {
 	var h C.nixl_capi_xfer_dlist_handle_t
 	var x C.nixl_capi_xfer_dlist_t
-	if err := check("create_xfer_dlist", C.nixl_capi_create_xfer_dlist(nixlMemDRAM, &x)); err != nil {
+	if err := check("create_xfer_dlist", C.nixl_capi_create_xfer_dlist(C.NIXL_CAPI_MEM_DRAM, &x)); err != nil {
 		return h, err
 	}
 	defer C.nixl_capi_destroy_xfer_dlist(x)
@@ -262,7 +329,7 @@ func (n *NIXL) Register(mem []byte, blockLen int) ([]byte, error) {
 	blocks := len(mem) / blockLen
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
 	var reg C.nixl_capi_reg_dlist_t
-	if err := check("create_reg_dlist", C.nixl_capi_create_reg_dlist(nixlMemDRAM, &reg)); err != nil {
+	if err := check("create_reg_dlist", C.nixl_capi_create_reg_dlist(C.NIXL_CAPI_MEM_DRAM, &reg)); err != nil {
 		return nil, err
 	}
 	if err := check("reg_dlist_add_desc", C.nixl_capi_reg_dlist_add_desc(reg, C.uintptr_t(base), C.size_t(blocks*blockLen), 0, nil, 0)); err != nil {
@@ -321,16 +388,22 @@ func (n *NIXL) AddRemote(md []byte, baseAddr uint64, numBlocks, blockLen int) (R
 	if name == n.cfg.Name {
 		return nil, fmt.Errorf("%w: remote agent %q has the local agent's name", ErrDataPlane, name)
 	}
+	n.peers[name]++
 	h, err := n.blockDescs(name, uintptr(baseAddr), numBlocks, blockLen)
 	if err != nil {
-		n.invalidate(name)
+		n.unload(name)
 		return nil, err
 	}
 	return &nixlRemote{n: n, name: name, descs: h, blocks: numBlocks}, nil
 }
 
-// invalidate unloads a remote agent. n.mu is held.
-func (n *NIXL) invalidate(name string) {
+// unload drops one use of a peer agent and invalidates its metadata when
+// no Remote uses it any more. n.mu is held.
+func (n *NIXL) unload(name string) {
+	if n.peers[name]--; n.peers[name] > 0 {
+		return
+	}
+	delete(n.peers, name)
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	_ = C.nixl_capi_invalidate_remote_md(n.agent, cname)
@@ -405,7 +478,7 @@ func (r *nixlRemote) Write(ctx context.Context, src, dst []int) error {
 	}
 	var req C.nixl_capi_xfer_req_t
 	// The index arrays hold no Go pointers and NIXL copies them.
-	st := C.nixl_capi_make_xfer_req(n.agent, nixlOpWrite, n.local, &ls[0], C.size_t(len(ls)), r.descs, &rs[0], C.size_t(len(rs)), &req, nil)
+	st := C.nixl_capi_make_xfer_req(n.agent, C.NIXL_CAPI_XFER_OP_WRITE, n.local, &ls[0], C.size_t(len(ls)), r.descs, &rs[0], C.size_t(len(rs)), &req, nil)
 	if err := check("make_xfer_req", st); err != nil {
 		n.mu.Unlock()
 		return err
@@ -416,13 +489,9 @@ func (r *nixlRemote) Write(ctx context.Context, src, dst []int) error {
 	wait := time.Microsecond
 	for {
 		switch {
-		case st == nixlSuccess:
+		case st == C.NIXL_CAPI_SUCCESS:
 			return nil
-		case st == nixlInProgressWithErr:
-			// Failed, but entries may still land: stop them first.
-			r.cancel(req)
-			return nixlError{"transfer", st}
-		case st != nixlInProgress:
+		case !running(st):
 			return nixlError{"transfer", st}
 		}
 		select {
@@ -445,7 +514,7 @@ func (r *nixlRemote) cancel(req C.nixl_capi_xfer_req_t) {
 	n := r.n
 	for {
 		n.mu.Lock()
-		if C.nixl_capi_release_xfer_req(n.agent, req) == nixlSuccess {
+		if C.nixl_capi_release_xfer_req(n.agent, req) == C.NIXL_CAPI_SUCCESS {
 			n.mu.Unlock()
 			return
 		}
@@ -479,6 +548,6 @@ func (r *nixlRemote) Close() error {
 	}
 	r.closed = true
 	err := check("release_xfer_dlist_handle", C.nixl_capi_release_xfer_dlist_handle(n.agent, r.descs))
-	n.invalidate(r.name)
+	n.unload(r.name)
 	return err
 }

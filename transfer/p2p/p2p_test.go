@@ -351,3 +351,32 @@ func TestInProcessSyncAndCloseMayRun(t *testing.T) {
 	receive(t, synced)
 	p.Sync()
 }
+
+// A client that closes its session and connects again at once reuses its
+// identity on both channels while the old connections may still be up: the
+// new connect must replace the old session, never be dropped or taken for a
+// duplicate.
+func TestClientReconnectsToTheSameProducerAtOnce(t *testing.T) {
+	const reconnects = 8
+	f := newFixture(t, fixtureOpts{stored: 2, dstBlocks: 2 * (reconnects + 1)})
+	ctx := context.Background()
+	keys := []transfer.Key{testKey(0), testKey(1)}
+	for i := range reconnects + 1 {
+		hits, err := f.session.Lookup(ctx, keys)
+		require.NoError(t, err, "session %d", i)
+		require.Equal(t, []bool{true, true}, hits)
+		_, err = f.session.Fetch(ctx, keys, []int{2 * i, 2*i + 1})
+		require.NoError(t, err, "session %d", i)
+		require.Equal(t, f.blocks[string(keys[1])], f.block(2*i+1))
+		if i == reconnects {
+			break
+		}
+		require.NoError(t, f.session.Close())
+		f.session, err = f.client.Connect(ctx, f.prod.ID())
+		require.NoError(t, err, "reconnect %d", i+1)
+	}
+	require.Equal(t, uint64(reconnects+1), f.prod.Stats().Sessions)
+	require.Zero(t, f.prod.Stats().Malformed)
+	require.Eventually(t, func() bool { return f.producerSessions() == 1 && f.store.Pinned() == 0 }, 2*time.Second, 5*time.Millisecond,
+		"only the last session is left")
+}

@@ -54,11 +54,12 @@ type ProducerStats struct {
 	Ignored       uint64 // messages of unknown or misdirected type, or from no session
 	PinsExpired   uint64 // rounds whose pins timed out
 	Lost          uint64 // sessions reaped after the connection was lost
+	Replaced      uint64 // sessions ended by a new connect from the same consumer
 }
 
 type producerCounters struct {
 	sessions, rejected, lookups, lookupKeys, lookupHits, fetches, fetchFailures atomic.Uint64
-	blocks, aborts, malformed, ignored, pinsExpired, lost                       atomic.Uint64
+	blocks, aborts, malformed, ignored, pinsExpired, lost, replaced             atomic.Uint64
 }
 
 // Producer serves blocks from a BlockStore to consumers speaking vLLM's P2P
@@ -124,6 +125,7 @@ func (p *Producer) Stats() ProducerStats {
 		LookupKeys: c.lookupKeys.Load(), LookupHits: c.lookupHits.Load(), Fetches: c.fetches.Load(),
 		FetchFailures: c.fetchFailures.Load(), Blocks: c.blocks.Load(), Aborts: c.aborts.Load(),
 		Malformed: c.malformed.Load(), Frames: p.ep.dropped.Load(), Ignored: c.ignored.Load(), PinsExpired: c.pinsExpired.Load(), Lost: c.lost.Load(),
+		Replaced: c.replaced.Load(),
 	}
 }
 
@@ -266,14 +268,15 @@ func (p *Producer) onMessage(from string, data []byte) {
 	}
 	switch m.Type {
 	case TypeConnect:
-		s.mu.Lock()
-		dup := s.handshaken
-		s.mu.Unlock()
-		if dup {
-			p.c.malformed.Add(1)
-			p.cfg.Logger.Warn("p2p producer: duplicate connect after handshake", "peer", from)
-			p.reap(s, "duplicate connect after handshake", sayDisconnect)
-		}
+		// The consumer started a new session under its identity (it closed
+		// the old one and reconnected, or restarted at the same address):
+		// the ROUTER's handover gave the identity to the new connection, so
+		// the old session has no consumer left. It is replaced without a
+		// disconnect, which would reach the new session.
+		p.c.replaced.Add(1)
+		p.cfg.Logger.Info("p2p producer: connect replaces the consumer's session", "peer", from)
+		p.reap(s, "replaced by a new connect", sayNothing)
+		p.onConnect(from, m)
 	case TypeConnectAck:
 		s.mu.Lock()
 		s.acked = true

@@ -96,6 +96,15 @@ func listen(host string, port int, hb Heartbeat, log *slog.Logger) (*endpoint, e
 	if err := e.router.SetMaxmsgsize(maxMessageSize); err != nil {
 		return fail(fmt.Errorf("p2p: router socket: %w", err))
 	}
+	// A peer that reconnects reuses its identity while its old connection
+	// may still be up (its DEALER closes in the background): without
+	// handover libzmq drops the new connection and its connect with it.
+	// With it the new connection takes the identity, and what the old one
+	// still delivers arrives under a temporary identity that is no
+	// "host:port", so no session takes it.
+	if err := e.router.SetRouterHandover(true); err != nil {
+		return fail(fmt.Errorf("p2p: router socket: %w", err))
+	}
 	p := "*"
 	if port > 0 {
 		p = strconv.Itoa(port)

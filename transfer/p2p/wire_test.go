@@ -438,9 +438,6 @@ func TestProducerDropsSessionsThatBreakTheProtocol(t *testing.T) {
 			peer.expect(TypeLookupResp)
 			peer.send(message{Type: TypeFetch, KVRequestID: "r", Keys: [][]byte{testKey(0)}, BlockIndexes: []uint64{8}})
 		}},
-		{"duplicate connect after handshake", func(peer *rawPeer) {
-			peer.send(message{Type: TypeConnect, PeerID: peer.id, AgentMetadata: []byte("x"), NumBlocks: 1, BlockLen: testBlockLen, HashSeed: DefaultHashSeed})
-		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -452,6 +449,43 @@ func TestProducerDropsSessionsThatBreakTheProtocol(t *testing.T) {
 			require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
 		})
 	}
+}
+
+// A consumer that connects again under its identity, over a new connection
+// while the old one is still up, gets a new session: the old one's pins go
+// and it is sent nothing (a disconnect would reach the new session).
+func TestProducerReplacesASessionWhenItsConsumerConnectsAgain(t *testing.T) {
+	p, store := newTestProducer(t, 2)
+	peer := newRawPeer(t, "127.0.0.1")
+	// As a Client's: the producer's new DEALER may connect before its old
+	// one is gone.
+	require.NoError(t, peer.router.SetRouterHandover(true))
+	connectRaw(t, p, peer, nil)
+	peer.expect(TypeConnect)
+	peer.expect(TypeConnectAck)
+	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
+	peer.send(message{Type: TypeLookup, KVRequestID: "old", Keys: [][]byte{testKey(0)}})
+	peer.expect(TypeLookupResp)
+	require.Equal(t, 1, store.Pinned())
+
+	old := peer.dealer
+	t.Cleanup(func() { _ = old.Close() })
+	mem := connectRaw(t, p, peer, nil)
+	require.Equal(t, TypeConnect, peer.expect(TypeConnect).Type, "the new session's connect, no disconnect first")
+	peer.expect(TypeConnectAck)
+	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
+	require.Eventually(t, func() bool { return store.Pinned() == 0 }, 2*time.Second, 5*time.Millisecond, "the old session's pins are released")
+
+	peer.send(message{Type: TypeLookup, KVRequestID: "new", Keys: [][]byte{testKey(1)}})
+	require.Equal(t, []bool{true}, peer.expect(TypeLookupResp).Hits)
+	peer.send(message{Type: TypeFetch, KVRequestID: "new", Keys: [][]byte{testKey(1)}, BlockIndexes: []uint64{3}})
+	require.True(t, peer.expect(TypeTransferDone).Success)
+	require.Equal(t, strings.Repeat("b", testBlockLen), string(mem[3*testBlockLen:4*testBlockLen]), "the new session writes the new region")
+	st := p.Stats()
+	require.Equal(t, uint64(1), st.Replaced)
+	require.Equal(t, uint64(2), st.Sessions)
+	require.Zero(t, st.Malformed)
+	require.Equal(t, 1, producerSessions(p))
 }
 
 func TestProducerAcknowledgesAbortsOfUnknownRounds(t *testing.T) {
@@ -519,6 +553,10 @@ func TestClientMatchesUnknownIdentitiesOnlyToHandshakingSessions(t *testing.T) {
 	require.Same(t, b, c.match("localhost:2000"), "the alias sticks")
 	require.Same(t, d, c.match("pod-d:9999"), "the only session still waiting")
 	require.Nil(t, c.match("pod-e:9999"))
+
+	add("127.0.0.1:4000")
+	require.Nil(t, c.match("\x00\x00\x00\x00\x07"), "an identity that is not host:port: a replaced connection's")
+	require.Nil(t, c.match("no-port"))
 }
 
 // A fetch of a round whose transfer still runs is a duplicate, even after an
