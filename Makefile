@@ -68,3 +68,5 @@ fuzz: deps
 	$(GO) test ./render -run '^$$' -fuzz FuzzScanBody -fuzztime $(FUZZTIME)
 	$(GO) test ./render -run '^$$' -fuzz FuzzParseAnswer -fuzztime $(FUZZTIME)
 	$(GO) test ./examples/eppplugin/kvplugin -run '^$$' -fuzz FuzzPrefixParameters -fuzztime $(FUZZTIME)
+	$(GO) test ./picker/kvhints -run '^$$' -fuzz FuzzHintEncoders -fuzztime $(FUZZTIME)
+	$(GO) test ./service -run '^$$' -fuzz FuzzParseKVCRFlags -fuzztime $(FUZZTIME)
