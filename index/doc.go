@@ -113,6 +113,20 @@
 // engines that report parents, one per stored request prefix; a producer
 // that reports none makes every block a chain start.
 //
+// # Speculative entries
+//
+// Speculative records a router's guesses, a prompt it just routed, as
+// blocks of TierSpeculative that score (as GPU blocks, by the picker's
+// default weights, and stay so beside the blocks the engine then stores)
+// until their TTL passes or the engine evicts them. They are bounded by
+// their own bytes, not by Config.HolderCapacity, MaxHolderBlocks or
+// MemoryBytes: they are in no holder's eviction queue, never evict a
+// stored block and are not in Stats.HolderBlocks. A block stays guessed
+// while the newest entry holding it lasts. A destination the index knew
+// nothing of becomes a holder until its last entry goes, and at most
+// SpeculativeConfig.MaxHolders of those are kept at once: clients that
+// name made-up destinations cannot grow the holders lookups search.
+//
 // # Snapshots
 //
 // SaveFile writes the whole index and the per-holder last event sequence

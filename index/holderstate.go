@@ -13,7 +13,10 @@ const maxTiers = fifoLayer
 // tierState is one holder's blocks in one tier.
 type tierState struct {
 	name string
-	tab  atomic.Pointer[table]
+	// guess is set for TierSpeculative, whose holdings are in no eviction
+	// queue nor budget (see storeGuesses).
+	guess bool
+	tab   atomic.Pointer[table]
 	// ext holds, per key, the groups outside 0-6 (rare: hybrid models with
 	// many KV cache groups). Writer only.
 	ext map[uint64][]int
@@ -90,7 +93,7 @@ func (hs *holderState) tier(name string, create bool) (int, *tierState) {
 	if !create || len(list) >= maxTiers {
 		return -1, nil
 	}
-	ts := &tierState{name: name}
+	ts := &tierState{name: name, guess: name == TierSpeculative}
 	ts.tab.Store(newTable(minTableSize))
 	next := make([]*tierState, len(list), len(list)+1)
 	copy(next, list)

@@ -270,6 +270,12 @@ func (ix *Index) Store(b Blocks) {
 		return
 	}
 	var added int64
+	if ts.guess {
+		ix.storeGuesses(b, hs, ti, ts)
+		ix.stored.Add(uint64(len(keys)))
+		hs.publish()
+		return
+	}
 	if hs.ms.layer.active() || ix.share > 0 && !b.Parent.ok && len(hs.ms.rootHolders(keys[0])) >= ix.share-1 {
 		added = ix.storeShared(b, hs, ti, ts)
 	} else {
@@ -318,6 +324,29 @@ func (ix *Index) Store(b Blocks) {
 	hs.publish()
 }
 
+// storeGuesses stores b in TierSpeculative's table ts. Guesses are
+// bounded by their Speculative, which removes every one it stored: they
+// stay out of the holder's eviction queue, capacity and the total budget,
+// so that a guess never evicts a block an engine reported, and never move
+// to the layer.
+func (ix *Index) storeGuesses(b Blocks, hs *holderState, ti int, ts *tierState) {
+	t := ts.tab.Load()
+	if !t.fits(len(b.Keys) + 1) {
+		t = hs.rehash(ti, len(b.Keys)+1, false)
+	}
+	prev := -1
+	if parent, ok := b.Parent.Key(); ok {
+		if prev = t.find(parent); prev < 0 {
+			prev = t.insert(parent, 0)
+			hs.rootAdded(ti, parent)
+		}
+	}
+	for _, k := range b.Keys {
+		i, _ := t.probe(k)
+		prev, _ = hs.storeSlot(t, ts, ti, prev, i, k, b.Group)
+	}
+}
+
 // storeSlot stores key k, for group, in slot i of t (tier ti, ts): the
 // slot probe found for it, free or k's. prev is the slot of k's parent
 // (-1: none). It returns k's slot and whether the holding is new.
@@ -341,13 +370,17 @@ func (hs *holderState) storeSlot(t *table, ts *tierState, ti, prev, i int, k uin
 				ts.addChild(t, prev)
 			}
 			ts.live++
-			hs.push(ti, i)
+			if !ts.guess {
+				hs.push(ti, i)
+			}
 			return i, true
 		}
 		t.put(i, k, m)
 	}
 	if ts.addGroup(t, i, k, group) {
-		hs.push(ti, i)
+		if !ts.guess {
+			hs.push(ti, i)
+		}
 		return i, true
 	}
 	return i, false
@@ -468,8 +501,10 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		ly.mu.Unlock()
 	}
 	if n > 0 {
-		hs.live.Add(-n)
-		ix.total.Add(-n)
+		if !ts.guess {
+			hs.live.Add(-n)
+			ix.total.Add(-n)
+		}
 		ix.removed.Add(uint64(n))
 		hs.maybeCompact()
 		hs.publish()
@@ -484,7 +519,7 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 		return
 	}
 	defer hs.mu.Unlock()
-	var n int64
+	var n, guesses int64
 	tiers := hs.tierList()
 	gone := make([]bool, len(tiers))
 	for ti, ts := range tiers {
@@ -492,7 +527,11 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 			continue
 		}
 		gone[ti] = true
-		n += ts.live
+		if ts.guess {
+			guesses += ts.live
+		} else {
+			n += ts.live
+		}
 	}
 	var goneLane [layerLanes]bool
 	if hs.lid.Load() != 0 {
@@ -519,7 +558,7 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 	hs.dropRoots(tabs, gone, false)
 	hs.live.Add(-n)
 	ix.total.Add(-n)
-	ix.cleared.Add(uint64(n))
+	ix.cleared.Add(uint64(n + guesses))
 	hs.publish()
 }
 
@@ -529,14 +568,7 @@ func (ix *Index) RemoveHolder(h Holder) {
 		ms.mu.Lock()
 		hs, ok := ms.holders.LoadAndDelete(h)
 		if ok {
-			list := *ms.list.Load()
-			next := make([]*holderState, 0, len(list))
-			for _, x := range list {
-				if x != hs {
-					next = append(next, x)
-				}
-			}
-			ms.list.Store(&next)
+			ms.unlist(hs)
 		}
 		ms.mu.Unlock()
 		if ok {
@@ -565,6 +597,72 @@ func (ix *Index) RemoveHolder(h Holder) {
 		}
 		return true
 	})
+}
+
+// unlist takes hs out of ms's list. ms.mu is held.
+func (ms *modelState) unlist(hs *holderState) {
+	list := *ms.list.Load()
+	next := make([]*holderState, 0, len(list))
+	for _, x := range list {
+		if x != hs {
+			next = append(next, x)
+		}
+	}
+	ms.list.Store(&next)
+}
+
+// knows reports whether the index keeps state for h under model.
+func (ix *Index) knows(model string, h Holder) bool {
+	ms := ix.model(model, false)
+	if ms == nil {
+		return false
+	}
+	_, ok := ms.holders.Load(h)
+	return ok
+}
+
+// holdsReal reports whether h holds a block for model outside
+// TierSpeculative.
+func (ix *Index) holdsReal(model string, h Holder) bool {
+	ms := ix.model(model, false)
+	if ms == nil {
+		return false
+	}
+	hs, ok := ms.holders.Load(h)
+	return ok && (hs.live.Load() != 0 || hs.lid.Load() != 0)
+}
+
+// forgetGuesser forgets h under model when it holds nothing outside
+// TierSpeculative: a holder Speculative made for a destination no engine
+// has reported from, once its last entry is gone. Left, it would be listed
+// by HolderList and searched by every lookup of its guessed prompts.
+func (ix *Index) forgetGuesser(model string, h Holder) {
+	hs := ix.lockHolder(model, h, false)
+	if hs == nil {
+		return
+	}
+	if hs.live.Load() != 0 || hs.lid.Load() != 0 {
+		hs.mu.Unlock()
+		return
+	}
+	// Dead first, so that a writer waiting for hs makes a new state
+	// rather than write to this one once it is unlisted.
+	hs.dead = true
+	tiers := hs.tierList()
+	tabs := make([]*table, len(tiers))
+	gone := make([]bool, len(tiers))
+	for ti, ts := range tiers {
+		tabs[ti], gone[ti] = ts.tab.Load(), true
+	}
+	hs.dropRoots(tabs, gone, true)
+	hs.mu.Unlock()
+	ms := hs.ms
+	ms.mu.Lock()
+	if cur, ok := ms.holders.Load(h); ok && cur == hs {
+		ms.holders.Delete(h)
+		ms.unlist(hs)
+	}
+	ms.mu.Unlock()
 }
 
 // SetHolderCapacity sets h's capacity in blocks per model, overriding

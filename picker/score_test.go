@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -157,4 +158,24 @@ func TestScoreAllocatesNothingWithAReusedSlice(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs)
+}
+
+// A prompt routed to peerA whose prefill has stored half its blocks
+// weighs as much as the same prompt routed to peerB with nothing stored
+// yet: guesses weigh as GPU blocks, as upstream weighs them, and the
+// engine's stores do not make the rest weigh less.
+func TestScoreWeighsAPartlyStoredPromptsGuessesAsGPU(t *testing.T) {
+	keys := seqKeys(40)
+	idx := index.New(index.Config{})
+	spec := index.NewSpeculative(idx, index.SpeculativeConfig{TTL: time.Hour})
+	spec.Record(model, peerA, keys)
+	spec.Record(model, peerB, keys)
+	spec.Store(index.Blocks{Model: model, Holder: peerA, Tier: index.TierGPU, Keys: keys[:20]})
+	p := newPicker(t, idx, Config{})
+	got, err := p.Score(Request{Model: model, Keys: keys}, nil)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	for _, s := range got {
+		require.InDelta(t, 40, s.Score, 1e-9, "%v", s.Holder)
+	}
 }

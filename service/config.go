@@ -121,12 +121,17 @@ type Config struct {
 	MaxConnections int
 	// SpeculativeTTL, when positive, records each pick's prompt on its
 	// destination at once as speculative blocks (index.Speculative) that
-	// score until the engine's own events replace them or the TTL passes
+	// score as GPU blocks until the TTL passes or the engine evicts them
 	// (llm-d's speculativeTTL is 2 s), so that a burst on a new prefix
 	// follows the first request instead of spreading; zero: off.
 	// SpeculativeMemory bounds them; zero: index.DefaultSpeculativeBytes.
-	SpeculativeTTL    time.Duration
-	SpeculativeMemory int64
+	// SpeculativeHolders bounds the destinations no engine has reported
+	// from that they make holders of, until their last entry expires (any
+	// client picks with destinations it makes up); zero:
+	// index.DefaultSpeculativeHolders.
+	SpeculativeTTL     time.Duration
+	SpeculativeMemory  int64
+	SpeculativeHolders int
 	// NATS is the scale-out role; zero: standalone.
 	NATS NATSConfig
 	// KVHints are the KV hints for vLLM's KVCR tier; zero: none.
@@ -343,8 +348,9 @@ func ParseFlags(fs *flag.FlagSet, args []string) (Config, error) {
 	fs.DurationVar(&cfg.ReadTimeout, "http-read-timeout", DefaultReadTimeout, "how long reading a request, body included, may take")
 	fs.DurationVar(&cfg.WriteTimeout, "http-write-timeout", DefaultWriteTimeout, "how long answering a request may take, from the end of its headers")
 	fs.DurationVar(&cfg.IdleTimeout, "http-idle-timeout", DefaultIdleTimeout, "how long an idle keep-alive connection stays open")
-	fs.DurationVar(&cfg.SpeculativeTTL, "speculative-ttl", 0, "record each pick's prompt on its destination as speculative blocks that score (never a pull source) until the engine's events replace them or this passes; llm-d uses 2s (0: off)")
+	fs.DurationVar(&cfg.SpeculativeTTL, "speculative-ttl", 0, "record each pick's prompt on its destination as speculative blocks that score as GPU blocks (never a pull source) until this passes or the engine evicts them; llm-d uses 2s (0: off)")
 	fs.Var((*sizeFlag)(&cfg.SpeculativeMemory), "speculative-memory", "memory bound of the speculative blocks (0: 16MiB)")
+	fs.IntVar(&cfg.SpeculativeHolders, "speculative-holders", 0, "most pick destinations no engine has reported from that speculative blocks are kept for at once; a pick past it records none (0: 1024)")
 	fs.IntVar(&cfg.MaxConnections, "http-max-connections", DefaultMaxConnections, "HTTP connections open at once; at the bound idle ones are closed first, and with none idle a new one is refused (keep it well below the descriptor limit: engines' sockets and snapshot saves need some)")
 	cfg.NATS.register(fs)
 	cfg.Limits.flags(fs)
@@ -440,8 +446,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%s must be positive, got %v", d.name, d.v)
 		}
 	}
-	if c.SpeculativeTTL < 0 || c.SpeculativeMemory < 0 {
-		return fmt.Errorf("--speculative-ttl and --speculative-memory must not be negative")
+	if c.SpeculativeTTL < 0 || c.SpeculativeMemory < 0 || c.SpeculativeHolders < 0 {
+		return fmt.Errorf("--speculative-ttl, --speculative-memory and --speculative-holders must not be negative")
 	}
 	if c.SpeculativeTTL > 0 && c.NATS.Role == RoleReplica {
 		return fmt.Errorf("--speculative-ttl: a replica's index is the stream's; record speculative blocks on a standalone service")

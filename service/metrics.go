@@ -32,8 +32,12 @@ func (s *Service) initMetrics() {
 				func() float64 { return float64(sp.Stats().Recorded) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_speculative_expired_total", Help: "Speculative entries removed for --speculative-ttl or --speculative-memory."},
 				func() float64 { return float64(sp.Stats().Expired) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_speculative_replaced_total", Help: "Engine stores and evictions that took blocks out of a holder's speculative tier."},
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_speculative_refused_total", Help: "Picks whose prompt was not recorded as speculative blocks: a destination past --speculative-holders, or a prompt larger than --speculative-memory."},
+				func() float64 { return float64(sp.Stats().Refused) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_speculative_replaced_total", Help: "Engine stores that met a holder's guessed blocks, and evictions that took guesses out."},
 				func() float64 { return float64(sp.Stats().Replaced) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_speculative_holders", Help: "Pick destinations no engine has reported from that speculative blocks are kept for, bounded by --speculative-holders."},
+				func() float64 { return float64(sp.Stats().Holders) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_speculative_bytes", Help: "Bytes of the speculative entries kept, bounded by --speculative-memory."},
 				func() float64 { return float64(sp.Stats().Bytes) }),
 		)

@@ -97,8 +97,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	var sink events.Sink = s.idx
 	if cfg.SpeculativeTTL > 0 {
-		s.spec = index.NewSpeculative(s.idx, index.SpeculativeConfig{TTL: cfg.SpeculativeTTL, MaxBytes: cfg.SpeculativeMemory})
-		sink = s.spec // the engines' events replace the guesses
+		s.spec = index.NewSpeculative(s.idx, index.SpeculativeConfig{TTL: cfg.SpeculativeTTL, MaxBytes: cfg.SpeculativeMemory,
+			MaxHolders: cfg.SpeculativeHolders, Logger: log})
+		sink = s.spec // the engines' evictions take the guesses out
 	}
 	ecfg := events.Config{Sink: sink, InitialSeqs: s.snapSeqs, Hasher: h, Logger: log, ContentKeysHint: "--keys content",
 		SenderCheckHint: "--events-allow NETWORK for pods named by DNS names (a pod named by an IP publishes from that IP only), or --events-no-sender-check where every peer that reaches the port is trusted",
@@ -307,13 +308,24 @@ func (s *Service) saveSnapshot(final bool) error {
 	status := s.sub.Status()
 	seqs := map[index.Holder]uint64{}
 	stale := map[index.Holder]bool{}
+	// One line per holder up to a budget a save, so that many holders
+	// (made up by clients or not) cannot flood the log; the last line
+	// counts the rest.
+	lines, unlogged := 0, 0
+	logHolder := func(level slog.Level, msg string, args ...any) {
+		if lines++; lines > maxSnapshotHolderLines {
+			unlogged++
+			return
+		}
+		s.log.Log(ctx, level, msg, args...)
+	}
 	for _, st := range status {
 		if st.State == "live" {
 			seqs[st.Holder()] = st.LastSeq
 			continue
 		}
 		stale[st.Holder()] = true
-		s.log.Log(ctx, level, "kvsource serve: holder not live left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model,
+		logHolder(level, "kvsource serve: holder not live left out of the snapshot", "pod", st.Pod, "rank", st.Rank, "model", st.Model,
 			"state", st.State, "last_seq", st.LastSeq)
 	}
 	for _, hm := range unseen(list, status) {
@@ -321,13 +333,19 @@ func (s *Service) saveSnapshot(final bool) error {
 		if _, live := seqs[h]; live || stale[h] {
 			continue
 		}
+		if s.spec != nil && s.spec.OnlyGuesses(hm.Model, h) {
+			// A pick's destination no engine has reported from: the
+			// snapshot has nothing of it to leave out, and the pod may
+			// be live under another model.
+			continue
+		}
 		if seq, ok := s.snapSeqs[h]; ok {
 			seqs[h] = seq
-			s.log.Log(ctx, min(level, slog.LevelInfo), "kvsource serve: holder not heard from since the snapshot saved with its loaded sequence number", "pod", h.Pod, "rank", h.Rank, "model", hm.Model, "last_seq", seq)
+			logHolder(min(level, slog.LevelInfo), "kvsource serve: holder not heard from since the snapshot saved with its loaded sequence number", "pod", h.Pod, "rank", h.Rank, "model", hm.Model, "last_seq", seq)
 			continue
 		}
 		stale[h] = true
-		s.log.Log(ctx, level, "kvsource serve: holder without a sequence number left out of the snapshot", "pod", h.Pod, "rank", h.Rank, "model", hm.Model)
+		logHolder(level, "kvsource serve: holder without a sequence number left out of the snapshot", "pod", h.Pod, "rank", h.Rank, "model", hm.Model)
 	}
 	// A holder stale under one model is left out under all.
 	for h := range stale {
@@ -339,9 +357,14 @@ func (s *Service) saveSnapshot(final bool) error {
 	}
 	s.snap.saves.Inc()
 	s.snap.lastSave.SetToCurrentTime()
-	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs), "left_out", len(stale), "final", final)
+	s.log.Info("kvsource serve: snapshot saved", "snapshot", s.cfg.Snapshot, "holders", len(seqs), "left_out", len(stale), "final", final,
+		"holder_lines_not_logged", unlogged)
 	return nil
 }
+
+// maxSnapshotHolderLines bounds the lines a snapshot save logs about
+// single holders.
+const maxSnapshotHolderLines = 20
 
 // unseen returns the pairs of list the subscriber has no status for
 // under that model: holders a snapshot brought in whose pod has not

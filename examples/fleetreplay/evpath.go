@@ -27,7 +27,7 @@ type eventPath struct {
 	idx *index.Index
 	// spec, when the arm indexes routed requests speculatively, holds
 	// their entries in idx and is the subscriber's sink, so that the
-	// pods' own events replace them.
+	// pods' own evictions take them out.
 	spec    *index.Speculative
 	now     func() time.Time
 	sub     *zmq.Subscriber

@@ -22,8 +22,8 @@ import (
 // pick: the next request of the burst scores that pod as holding the prefix
 // and follows it until the queue says spill. The control spaces the same
 // requests further apart than a prefill: every request finds the engine's
-// own events, which have replaced the guesses, so speculative indexing must
-// change nothing.
+// own events, beside guesses that weigh the same, so speculative indexing
+// must change nothing.
 
 // specBurstOptions configure the burst scenario.
 type specBurstOptions struct {

@@ -58,7 +58,7 @@ func TestSpeculativeIndexingKeepsABurstOnANewPrefixOffMostPods(t *testing.T) {
 	require.Less(t, on.Figures["prefix_tokens_computed"], off.Figures["prefix_tokens_computed"])
 	require.Less(t, on.Figures["compute_s"], off.Figures["compute_s"])
 	require.Equal(t, float64(so.requests), on.Figures["speculative_recorded"])
-	require.Positive(t, on.Figures["speculative_replaced"], "the engine's events replace the guesses")
+	require.Positive(t, on.Figures["speculative_replaced"], "the engine's events meet the guesses")
 	require.Zero(t, off.Figures["speculative_recorded"])
 	// A pod that holds the prefix only speculatively is no pull source.
 	for _, arm := range []*armResult{off, on} {

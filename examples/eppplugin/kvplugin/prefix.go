@@ -41,7 +41,7 @@ type PrefixConfig struct {
 	// engine's KV events arrive; default false, upstream's.
 	SpeculativeIndexing bool `json:"speculativeIndexing"`
 	// SpeculativeTTL is how long a speculative entry lasts unless the
-	// engine's own events replace it first, a Go duration; default "2s",
+	// engine evicts its blocks first, a Go duration; default "2s",
 	// upstream's, which zero or a negative one also means. A malformed one
 	// is an error.
 	SpeculativeTTL string `json:"speculativeTTL"`
@@ -231,8 +231,8 @@ func PrefixFactory(subscribe SubscribeFunc) plugin.FactoryFunc {
 }
 
 // registerSpeculativeMetrics exports spec's counters: how many requests
-// were recorded, and how many entries expired (or went for the byte bound)
-// rather than being replaced by the engines' events.
+// were recorded, how many entries expired (or went for the byte bound),
+// and how often the engines' events met the guesses.
 func registerSpeculativeMetrics(m plugin.MetricsRecorder, name string, spec *index.Speculative) error {
 	labels := prometheus.Labels{"plugin": name}
 	stat := func(f func(index.SpeculativeStats) float64) func() float64 {
@@ -246,7 +246,7 @@ func registerSpeculativeMetrics(m plugin.MetricsRecorder, name string, spec *ind
 			Help: "Speculative entries removed for their TTL or the byte bound."},
 			stat(func(s index.SpeculativeStats) float64 { return float64(s.Expired) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsource_epp_speculative_replaced_total", ConstLabels: labels,
-			Help: "Engine stores or evictions that took blocks out of a pod's speculative tier."},
+			Help: "Engine stores that met a pod's guessed blocks, and evictions that took guesses out."},
 			stat(func(s index.SpeculativeStats) float64 { return float64(s.Replaced) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_epp_speculative_entries", ConstLabels: labels,
 			Help: "Speculative entries kept."},

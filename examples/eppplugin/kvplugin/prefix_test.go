@@ -315,7 +315,7 @@ func TestPrefixFactory(t *testing.T) {
 			require.Same(t, pp.Index(), sub.cfg.Index)
 			require.Same(t, pp.Hasher(), sub.cfg.Hasher)
 			// Events go through the speculative entries when there are
-			// any, so that the engines' own replace them.
+			// any, so that the engines' evictions take them out.
 			if pp.Speculative() != nil {
 				require.Same(t, pp.Speculative(), sub.cfg.Sink)
 			} else {

@@ -9,8 +9,9 @@
 // included. It learns pods from endpoint lifecycle events. With
 // speculativeIndexing it also records each scheduled request's blocks on
 // the pods chosen for it, as index.TierSpeculative entries that the next
-// requests on the prefix score at once, until the engines' own events
-// replace them or their TTL passes.
+// requests on the prefix score at once, weighed as GPU blocks, until their
+// TTL passes or the engine evicts the blocks; the engine's own stores add
+// beside them, as upstream's do.
 //
 // SourceProducer (type kvsource-p2p-source-producer) decides, after
 // scheduling, whether the pod computing the prompt should pull its missing
@@ -62,8 +63,8 @@ type SubscriptionConfig struct {
 	// Index is the index the events are for.
 	Index *index.Index
 	// Sink, when set, receives the events in Index's place: the prefix
-	// producer's index.Speculative with speculativeIndexing, so that the
-	// engines' events replace its entries.
+	// producer's index.Speculative with speculativeIndexing, so that an
+	// engine's evictions take its entries' guesses out.
 	Sink events.Sink
 	// Hasher is the request side's hasher. With hashing.Content it keys the
 	// index by content (events are re-keyed from their token ids);

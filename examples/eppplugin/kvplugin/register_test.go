@@ -161,11 +161,12 @@ func TestRegisteredPluginsLoadTheREADMEConfiguration(t *testing.T) {
 	m := matchOf(t, prefix, eps[1])
 	require.Equal(t, map[string]int{"speculative": 40}, m.CachedBlocksByTier())
 	require.Equal(t, 40, m.MatchBlocks())
-	// Its engine's own event, through the subscription's sink, replaces
-	// the guess.
+	// Its engine's own event, through the subscription's sink, adds the
+	// blocks beside the guess, which stays until its TTL, as upstream's.
 	sub.cfg.Sink.Store(index.Blocks{Model: "gpt", Holder: holderOf(computing), Tier: index.TierGPU, Keys: keys})
 	require.NoError(t, prefix.Produce(ctx, next, eps))
-	require.Equal(t, map[string]int{"gpu": 40}, matchOf(t, prefix, eps[1]).CachedBlocksByTier())
+	require.Equal(t, map[string]int{"gpu": 40, "speculative": 40}, matchOf(t, prefix, eps[1]).CachedBlocksByTier())
+	require.Equal(t, uint64(1), prefix.Speculative().Stats().Replaced)
 }
 
 // The decision path, this package and the mirror, builds without cgo, and

@@ -125,10 +125,11 @@ func TestSpeculativeIndexingSkipsRequestsWithoutAPrompt(t *testing.T) {
 	require.Zero(t, w.prefix.Speculative().Stats().Entries)
 }
 
-// The engine's own events, fed through the Speculative, replace the
-// guesses: a stored block leaves the speculative tier, an evicted one is
-// not kept alive by the guess.
-func TestSpeculativeEntriesGiveWayToTheEnginesEvents(t *testing.T) {
+// The engine's own events, fed through the Speculative, add its blocks
+// beside the guesses, which weigh on as the GPU's until their TTL, as
+// upstream's do: a pod whose prefill is under way scores the whole prompt.
+// An evicted block is not kept alive by its guess.
+func TestSpeculativeEntriesStayBesideTheEnginesStoresAndGoWithItsEvictions(t *testing.T) {
 	w := newWorldWith(t, speculativeOn, SourceConfig{})
 	c := endpoint(ip(2), 0)
 	w.decide(w.request("r1"), []scheduling.Endpoint{c}, result(c, nil, ""))
@@ -136,15 +137,13 @@ func TestSpeculativeEntriesGiveWayToTheEnginesEvents(t *testing.T) {
 
 	sink := w.prefix.Speculative()
 	h := holderOf(c.GetMetadata())
-	// The engine reports the first three blocks: they are real, the rest
-	// still guessed, so the pod still counts the whole prefix.
+	// The engine reports the first three blocks: the rest still guessed
+	// weigh as GPU blocks, not as the CPU tier's 0.4.
 	sink.Store(index.Blocks{Model: testModel, Holder: h, Tier: index.TierGPU, Keys: w.keys[:3]})
-	got := w.probe(c)[0]
-	require.Equal(t, map[string]int{"gpu": 3}, got.byTier)
-	require.Equal(t, promptBlocks, got.blocks)
+	require.Equal(t, match{score: promptBlocks, blocks: promptBlocks, byTier: map[string]int{"gpu": 3, "speculative": promptBlocks}}, w.probe(c)[0])
 	// Then the rest.
 	sink.Store(index.Blocks{Model: testModel, Holder: h, Tier: index.TierGPU, Parent: index.ParentKey(w.keys[2]), Keys: w.keys[3:]})
-	require.Equal(t, match{score: promptBlocks, blocks: promptBlocks, byTier: map[string]int{"gpu": promptBlocks}}, w.probe(c)[0])
+	require.Equal(t, match{score: promptBlocks, blocks: promptBlocks, byTier: map[string]int{"gpu": promptBlocks, "speculative": promptBlocks}}, w.probe(c)[0])
 	// And evicts them all: nothing is left, the guess included.
 	sink.Remove(testModel, h, index.TierGPU, 0, w.keys)
 	require.Equal(t, match{byTier: map[string]int{}}, w.probe(c)[0])
@@ -224,7 +223,7 @@ func TestSpeculativeIndexingExportsItsCounters(t *testing.T) {
 		"kvsource_epp_speculative_expired_total":  0,
 		"kvsource_epp_speculative_replaced_total": 1,
 		"kvsource_epp_speculative_entries":        1,
-		"kvsource_epp_speculative_bytes":          8*promptBlocks + 64,
+		"kvsource_epp_speculative_bytes":          float64(64 + (8+index.SpeculativeBlockBytes)*promptBlocks),
 	}, gather(t, reg, "pp"))
 	// A producer of the same name made again reports its own entries.
 	_, err = PrefixFactory(nil)("pp", plugin.StrictDecoder(json.RawMessage(params)), plugin.NewEppHandle(ctx, nil, plugin.WithMetricsRecorder(reg)))
