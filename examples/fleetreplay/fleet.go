@@ -78,6 +78,9 @@ type runSpec struct {
 	// its destination right after the pick (index.Speculative), before the
 	// destination's events say so.
 	speculative bool
+	// hints, when set, routes the picker's pulls as KV hints the
+	// destination's KVCR reads, instead of remote_kv_source.
+	hints *hintsSpec
 }
 
 // action is something that happens to the fleet at a virtual time.
@@ -397,6 +400,23 @@ type pullOrder struct {
 	addr   string // the source's P2P address
 	end    int    // the pull covers the prompt's blocks up to end
 	d      picker.Decision
+	// hinted, when set, are a kv.fetch hint's block hashes as the
+	// destination's KVCR read them: it pulls the prompt's blocks from its
+	// local prefix on while they are in the set (end is not used).
+	hinted map[uint64]bool
+}
+
+// reach returns the end of the blocks the order pulls when the
+// destination holds the prompt's first from.
+func (o *pullOrder) reach(keys []uint64, from int) int {
+	if o.hinted == nil {
+		return o.end
+	}
+	e := from
+	for e < len(keys) && o.hinted[keys[e]] {
+		e++
+	}
+	return e
 }
 
 // release tells the picker the pull is over.

@@ -146,6 +146,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.controlRate, "control-rate", o.controlRate, "negative control: offered req/s")
 	o.pf.register(fs)
 	o.sb.register(fs)
+	o.hints.register(fs)
 
 	fs.IntVar(&o.studyScale, "study-scale", o.studyScale, "pd-session, restart-storm, doc-qa, hot-skew, scale-out, router-restart, cpu-restore: divide prompts and caches by this, the cost models scaled to charge the same seconds (1: published sizes)")
 	fs.IntVar(&o.pdConversations, "pd-conversations", o.pdConversations, "pd-session and cpu-restore: conversations")

@@ -81,8 +81,8 @@ func (p *pod) advance(r *request, o *pullOrder) {
 		}
 	}
 	if o != nil {
-		if o.end > l {
-			p.pull(r, o, l, func() { p.advance(r, nil) })
+		if end := o.reach(keys, l); end > l {
+			p.pull(r, o, l, end, func() { p.advance(r, nil) })
 			return
 		}
 		// Another request landed these blocks here meanwhile.
@@ -268,14 +268,14 @@ func (p *pod) flush() {
 	p.out.Events = p.out.Events[:0]
 }
 
-// pull moves r's blocks [from, o.end) from the order's source through the
+// pull moves r's blocks [from, end) from the order's source through the
 // transfer client: the blocks the source still holds, as a lookup reports
 // them, are fetched at once and verified; they land here after the pull's
 // modelled time (the floor, then the bytes over the source's shared link).
 // Whatever was not pulled is computed.
-func (p *pod) pull(r *request, o *pullOrder, from int, then func()) {
+func (p *pod) pull(r *request, o *pullOrder, from, end int, then func()) {
 	f := p.f
-	keys := r.eng.keys[from:o.end]
+	keys := r.eng.keys[from:end]
 	n, err := f.sdk.fetch(p, r, o, keys)
 	if err != nil || n == 0 {
 		if err != nil {

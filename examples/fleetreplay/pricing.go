@@ -127,7 +127,7 @@ func (s *timedSession) Fetch(ctx context.Context, keys []transfer.Key, idx []int
 	s.f.clk.now += s.f.cost().Pull(len(keys) * s.f.blockSize)
 	s.pulls++
 	s.bytes += st.Bytes
-	if s.f.sdk.verify(s.dest, keys, st) {
+	if s.f.sdk.verifyAt(s.dest, keys, idx, st) {
 		s.verified++
 	}
 	return st, nil

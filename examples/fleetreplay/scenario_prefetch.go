@@ -344,5 +344,5 @@ func (a *agentRun) warmup(p *pod, r *request, o *pullOrder, pf picker.Prefetch) 
 		rest()
 		return
 	}
-	p.pull(r, o, l, rest)
+	p.pull(r, o, l, o.end, rest)
 }

@@ -72,6 +72,7 @@ type options struct {
 	routerReplaySteps  int
 	pf                 prefetchOptions
 	sb                 specBurstOptions
+	hints              hintsOptions
 	blockBytes         int
 	hashCheck          bool
 	scenarios          []string
@@ -119,6 +120,7 @@ func defaultOptions() options {
 		controlRate:  8,
 		pf:           defaultPrefetchOptions(),
 		sb:           defaultSpecBurstOptions(),
+		hints:        defaultHintsOptions(),
 
 		studyScale:         8,
 		pdConversations:    24,
@@ -164,6 +166,9 @@ type scenario struct {
 	// versus names what the second arm of each pair adds, in the
 	// comparison line ("" : P2P).
 	versus string
+	// table, when set, prints the scenario's table instead of the
+	// standard one.
+	table func(w io.Writer, s *scenarioResult)
 	// run, when set, replaces the fleet replay (a scenario without a
 	// router, such as pricing).
 	run func(ctx context.Context, o *options) (*scenarioResult, error)
@@ -204,6 +209,7 @@ var registry = []struct {
 	{"cpu-restore", (*options).cpuRestoreScenario},
 	{"prefetch", (*options).prefetchScenario},
 	{"spec-burst", (*options).specBurstScenario},
+	{"kv-hints", (*options).kvHintsScenario},
 }
 
 func scenarioNames() []string {
@@ -370,6 +376,9 @@ func (o *options) validate() error {
 	if err := o.sb.validate(o.hashing.BlockSize); err != nil {
 		return err
 	}
+	if err := o.hints.validate(); err != nil {
+		return err
+	}
 	// A tier must hold a few whole prompts, or requests evict their own
 	// blocks while they run.
 	bs := o.hashing.BlockSize
@@ -443,7 +452,7 @@ func replay(ctx context.Context, o *options, stderr io.Writer) ([]*scenarioResul
 			continue
 		}
 		if cur == nil || cur.Name != pr.sc.name {
-			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup, Published: pr.sc.published, ours: pr.sc.ours, versus: pr.sc.versus}
+			cur = &scenarioResult{Name: pr.sc.name, Title: pr.sc.title, Setup: pr.sc.setup, Published: pr.sc.published, ours: pr.sc.ours, versus: pr.sc.versus, table: pr.sc.table}
 			out = append(out, cur)
 		}
 		offRes, placed, err := runOne(ctx, pr.off, opt, bar, o.audit)

@@ -55,6 +55,9 @@ type sdkPath struct {
 
 	scores []picker.Score
 	cands  []picker.Candidate
+
+	// hints, when set, routes pulls as KV hints (kvhints.go).
+	hints *hintPath
 }
 
 func newSDKPath(ctx context.Context, f *fleet, opt sdkOptions) (*sdkPath, error) {
@@ -78,6 +81,12 @@ func newSDKPath(ctx context.Context, f *fleet, opt sdkOptions) (*sdkPath, error)
 	if err != nil {
 		s.close()
 		return nil, err
+	}
+	if f.spec.hints != nil {
+		if s.hints, err = newHintPath(f, *f.spec.hints); err != nil {
+			s.close()
+			return nil, err
+		}
 	}
 	longest := 0
 	for _, r := range f.spec.reqs {
@@ -232,13 +241,17 @@ func (s *sdkPath) decide(r *request, dest *pod) (*pullOrder, error) {
 		return nil, nil
 	}
 	f.res.PullDecisions++
+	if !slices.Equal(d.Missing, r.eng.keys[d.Cached:d.Cached+d.Gain]) {
+		d.Done()
+		return nil, fmt.Errorf("%s: decision's missing keys are not the prompt's blocks %d..%d", r.name, d.Cached, d.Cached+d.Gain)
+	}
+	if s.hints != nil {
+		return s.route(r, dest, d)
+	}
 	params := d.KVTransferParams(r.name)
 	src := f.byHost[params.RemoteKVSource.RemoteHost]
 	if src == nil {
 		return nil, fmt.Errorf("kv_transfer_params name unknown host %q", params.RemoteKVSource.RemoteHost)
-	}
-	if !slices.Equal(d.Missing, r.eng.keys[d.Cached:d.Cached+d.Gain]) {
-		return nil, fmt.Errorf("%s: decision's missing keys are not the prompt's blocks %d..%d", r.name, d.Cached, d.Cached+d.Gain)
 	}
 	return &pullOrder{source: src, addr: s.mv.addr(src), end: d.Cached + d.Gain, d: d}, nil
 }
@@ -267,10 +280,13 @@ func (s *sdkPath) drop(dest *pod, addr string) {
 }
 
 // fetch pulls keys from the order's source into dest's staging memory: a
-// lookup, then a fetch of the leading hits. It verifies what arrived (as
-// many blocks as named, each with its block's content) and returns the
-// number of blocks pulled.
+// lookup, then a fetch of the leading hits (a hinted order: fetchHinted).
+// It verifies what arrived (as many blocks as named, each with its block's
+// content) and returns the number of blocks pulled.
 func (s *sdkPath) fetch(dest *pod, r *request, o *pullOrder, keys []uint64) (int, error) {
+	if o.hinted != nil {
+		return s.fetchHinted(dest, r, o, keys)
+	}
 	f := s.f
 	ctx := context.Background()
 	sess, err := s.session(dest, o.addr)
@@ -302,15 +318,15 @@ func (s *sdkPath) fetch(dest *pod, r *request, o *pullOrder, keys []uint64) (int
 		return 0, fmt.Errorf("fetch from %s for %s: %w", o.addr, r.name, err)
 	}
 	f.res.BytesMoved += st.Bytes
-	if s.verify(dest, s.tkeys[:n], st) {
+	if s.verifyAt(dest, s.tkeys[:n], s.idx, st) {
 		f.res.PullsVerified++
 	}
 	return n, nil
 }
 
-// verify checks a fetch moved exactly the blocks it named, each holding the
-// content its source holds for that key.
-func (s *sdkPath) verify(dest *pod, keys []transfer.Key, st transfer.Stats) bool {
+// verifyAt checks a fetch moved exactly the blocks it named, keys[i] into
+// block at[i], each holding the content its source holds for that key.
+func (s *sdkPath) verifyAt(dest *pod, keys []transfer.Key, at []int, st transfer.Stats) bool {
 	bl := s.mv.blockLen()
 	if st.Blocks != len(keys) || st.Bytes != int64(len(keys)*bl) {
 		return false
@@ -321,7 +337,7 @@ func (s *sdkPath) verify(dest *pod, keys []transfer.Key, st transfer.Stats) bool
 	}
 	for i, k := range keys {
 		s.mv.expect(k, s.want)
-		if !bytes.Equal(buf[i*bl:(i+1)*bl], s.want) {
+		if j := at[i]; !bytes.Equal(buf[j*bl:(j+1)*bl], s.want) {
 			return false
 		}
 	}
