@@ -122,7 +122,10 @@
 // stream and their buckets. Replicas (RoleReplica) set Config.Bind and
 // publish none of those: they consume, read snapshots and share
 // in-flight pulls (<Stream>_PULLS); snapshotters (RoleSnapshotter) also
-// store snapshots, hold the snapshot lease and purge the stream.
+// create and update the snapshot store, store snapshots, hold the
+// snapshot lease and purge the stream. A replica that stores no snapshots
+// (ReplicaConfig.SnapshotInterval zero) opens the snapshot store as it is,
+// never updating it, and starts cold while no snapshotter has created it.
 //
 // What a client with publish rights can still do:
 //
@@ -142,8 +145,10 @@
 //   - With a replica's rights: read everything on the stream (pod names,
 //     block hashes) and add or remove in-flight pulls, making holders
 //     look busier or idler to the other replicas' spreading for up to the
-//     pulls' TTL; not publish a batch, write a table or the lease, or
-//     create or change the stream or the relays' buckets.
+//     pulls' TTL; not publish a batch, write a table or the lease,
+//     create or change the stream or the relays' buckets, or change the
+//     snapshot store (a max_age on it would delete every snapshot, and
+//     the next replica could not start).
 //   - With a snapshotter's rights, in addition: store a made-up snapshot,
 //     from which new replicas start, and purge the stream, so that
 //     replicas starting later miss what it held. Give RoleSnapshotter

@@ -207,14 +207,9 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	obj, err := cfg.JetStream.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket:      cfg.Stream + "_SNAPSHOTS",
-		Description: "kvsource: index snapshots, one object per shard",
-		Storage:     cfg.storage(),
-		Replicas:    cfg.Replicas,
-	})
+	obj, err := cfg.snapshotStore(ctx, cfg.SnapshotInterval > 0)
 	if err != nil {
-		return nil, fmt.Errorf("natsstream: object store %s_SNAPSHOTS: %w", cfg.Stream, err)
+		return nil, err
 	}
 	r := &Replica{cfg: cfg, js: cfg.JetStream, stream: s, obj: obj, log: log, shard: shardName(cfg.Models),
 		ready: make(chan struct{}), joining: map[partKey]*joining{}}
@@ -269,6 +264,35 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	r.appliedPub.Store(r.applied)
 	r.startAt = r.applied + 1
 	return r, nil
+}
+
+// snapshotStore opens the shared snapshot store. Only a snapshotter
+// (store true) creates it or updates its configuration: whoever may update
+// it may also give it a max_age and so delete every shard's snapshots, so
+// a replica opens it as it is, with no right but to read it, and starts
+// cold (nil, no error) while no snapshotter has created it.
+func (c ReplicaConfig) snapshotStore(ctx context.Context, store bool) (jetstream.ObjectStore, error) {
+	bucket := c.Stream + "_SNAPSHOTS"
+	if !store {
+		obj, err := c.JetStream.ObjectStore(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("natsstream: object store %s: %w", bucket, err)
+		}
+		return obj, nil
+	}
+	obj, err := c.JetStream.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      bucket,
+		Description: "kvsource: index snapshots, one object per shard",
+		Storage:     c.storage(),
+		Replicas:    c.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("natsstream: object store %s: %w", bucket, err)
+	}
+	return obj, nil
 }
 
 // shardName names a set of models in lease keys and object names.
@@ -341,6 +365,9 @@ func (r *Replica) loadSnapshot(ctx context.Context) (*index.Index, map[index.Hol
 }
 
 func (r *Replica) loadSnapshotOnce(ctx context.Context) (*index.Index, map[index.Holder]uint64, error) {
+	if r.obj == nil {
+		return nil, nil, nil
+	}
 	name, _, _, ok, err := r.newestSnapshot(ctx)
 	if err != nil || !ok {
 		return nil, nil, err
