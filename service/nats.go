@@ -84,7 +84,7 @@ func (c *NATSConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Name, "nats-name", "", "this relay's or replica's name in leases and logs (default host name and pid)")
 	fs.StringVar(&c.Stream, "nats-stream", natsstream.DefaultStream, "the JetStream stream; buckets are named after it")
 	fs.StringVar(&c.Models, "nats-models", "", "replica: comma-separated models to consume (sharding by model); default every model")
-	fs.DurationVar(&c.SnapshotInterval, "nats-snapshot-interval", time.Minute, "replica: compete for the snapshot lease and store a shared snapshot this often (0: never)")
+	fs.DurationVar(&c.SnapshotInterval, "nats-snapshot-interval", time.Minute, "replica: compete for the snapshot lease and store a shared snapshot this often (0: never; a NATS user with only a replica's permissions, not a snapshotter's, needs 0)")
 	fs.IntVar(&c.Replicas, "nats-replicas", 1, "JetStream replication of the stream and buckets when this process creates them (3 on a three-node cluster)")
 	fs.DurationVar(&c.MaxLag, "nats-max-lag", natsstream.DefaultMaxLag, "replica: /healthz fails while the replica lags the stream by more")
 	fs.StringVar(&c.Conn.CredsFile, "nats-creds", "", "NATS credentials file (a user JWT and its nkey seed, as nsc writes it)")
