@@ -568,6 +568,8 @@ func (n *natsRole) registerMetrics(reg *prometheus.Registry) {
 			counter("kvsource_replica_dropped_parts_total", "Parts dropped: out of order, or of a batch that could not be joined.", func() float64 { return float64(r.Status().DroppedParts) }),
 			gauge("kvsource_fleet_remote_pulls", "Pulls other replicas have in flight.", func() float64 { return float64(f.Stats().Remote) }),
 			counter("kvsource_fleet_dropped_total", "Pull starts and ends not shared: queue full or publish failed.", func() float64 { return float64(f.Stats().Dropped) }),
+			counter("kvsource_fleet_malformed_pulls_total", "Other replicas' pulls not counted: their value names no holder (a pod name over 253 bytes, say).", func() float64 { return float64(f.Stats().Malformed) }),
+			counter("kvsource_fleet_over_cap_pulls_total", "Other replicas' pulls not counted: 65,536 were in flight already.", func() float64 { return float64(f.Stats().OverCap) }),
 		)
 	}
 }

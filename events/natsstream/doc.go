@@ -95,7 +95,11 @@
 // Fleet implements picker.Fleet: each pull a replica's picker directs is
 // a key in <Stream>_PULLS (TTL the picker's in-flight TTL) until it is
 // done, and every replica watches the bucket, so each one's in-flight
-// counts include the others' pulls, a few milliseconds late.
+// counts include the others' pulls, a few milliseconds late. A replica
+// counts at most FleetConfig.MaxRemote of the others' pulls, only those
+// whose value names a holder (a pod name events.ValidPodName takes), and
+// keeps nothing of one, its holder included, once it ends or its TTL
+// passes (FleetStats.Malformed and OverCap count the others).
 //
 // # Live sources
 //
@@ -145,7 +149,8 @@
 //   - With a replica's rights: read everything on the stream (pod names,
 //     block hashes) and add or remove in-flight pulls, making holders
 //     look busier or idler to the other replicas' spreading for up to the
-//     pulls' TTL; not publish a batch, write a table or the lease,
+//     pulls' TTL (within FleetConfig.MaxRemote pulls, whose memory goes
+//     with the TTL); not publish a batch, write a table or the lease,
 //     create or change the stream or the relays' buckets, or change the
 //     snapshot store (a max_age on it would delete every snapshot, and
 //     the next replica could not start).
