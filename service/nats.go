@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/events/natsstream"
+	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/ratelog"
 	"github.com/kvsource/kvsource/picker"
@@ -40,7 +41,10 @@ import (
 //     other replicas' in-flight pulls. /v1/pods adds a "replica" object
 //     (applied stream sequence, lag in messages and seconds, snapshot age),
 //     /healthz answers 503 while the replica lags more than --nats-max-lag,
-//     and Prometheus gets kvsource_replica_* gauges.
+//     and Prometheus gets kvsource_replica_* gauges. With --keys content
+//     it applies the stream in content-key mode, as the relay does; every
+//     relay and replica of a fleet must be given the same --keys,
+//     --block-size and --seed.
 
 // NATSConfig is what the --nats flags configure.
 type NATSConfig struct {
@@ -170,8 +174,10 @@ type natsRole struct {
 }
 
 // newServeNATS connects to NATS and sets up the role's streams and
-// buckets, within natsSetupTimeout or until ctx is done.
-func newServeNATS(ctx context.Context, cfg Config, log *slog.Logger) (*natsRole, error) {
+// buckets, within natsSetupTimeout or until ctx is done. contentKeys is
+// the --keys content hasher, nil with engine keys: a replica applies the
+// stream with it, so that its index holds the keys its requests hash to.
+func newServeNATS(ctx context.Context, cfg Config, contentKeys *hashing.Hasher, log *slog.Logger) (*natsRole, error) {
 	c := cfg.NATS
 	if c.URL == "" {
 		return nil, nil
@@ -220,7 +226,7 @@ func newServeNATS(ctx context.Context, cfg Config, log *slog.Logger) (*natsRole,
 			models = strings.Split(c.Models, ",")
 		}
 		n.replica, err = natsstream.Open(ctx, natsstream.ReplicaConfig{Config: shared, JetStream: js, Name: c.Name, Models: models,
-			SnapshotInterval: c.SnapshotInterval, MaxLag: c.MaxLag, Logger: log})
+			SnapshotInterval: c.SnapshotInterval, MaxLag: c.MaxLag, ContentKeys: contentKeys, Logger: log})
 		if err == nil {
 			n.fleet, err = natsstream.NewFleet(ctx, natsstream.FleetConfig{Config: shared, JetStream: js, Name: c.Name,
 				TTL: cfg.InflightTTL, Logger: log})

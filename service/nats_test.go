@@ -402,3 +402,41 @@ func TestServeReplicaCredentialsCannotDeleteTheSharedSnapshots(t *testing.T) {
 	require.Positive(t, replica.nats.replica.Status().SnapshotSeq, "the replica started without the shared snapshot")
 	require.Eventually(t, func() bool { return podsByHolder(t, replicaURL)[h].Blocks["CPU"] == 3 }, 10*time.Second, 10*time.Millisecond)
 }
+
+// With --keys content, a replica indexes the stream under the content
+// keys its requests hash to, as the relay does: both score a prompt whose
+// engine keys no router reproduces alike.
+func TestServeReplicaWithContentKeysScoresAsTheRelayDoes(t *testing.T) {
+	url := startServeNATS(t)
+	port := testenv.FreePort(t)
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Bind: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@10.0.0.1:8000@m"})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	_, relayURL := startServe(t, "--nats", url, "--role", "relay", "--keys", "content",
+		"--events-connect", fmt.Sprintf("10.0.0.1:8000=tcp://127.0.0.1:%d", port))
+	_, replicaURL := startServe(t, "--nats", url, "--role", "replica", "--keys", "content")
+
+	tokens := make([]uint32, 4*hashing.DefaultBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(i + 7)
+	}
+	score := func(base string) (resp ScoreResponse) {
+		code, body := call(t, "POST", base+"/v1/score", map[string]any{"model": "m", "tokens": tokens})
+		require.Equal(t, http.StatusOK, code, string(body))
+		require.NoError(t, json.Unmarshal(body, &resp))
+		return resp
+	}
+	// Keys of an engine hashing with a random seed.
+	engineKeys := []uint64{0xe1, 0xe2, 0xe3, 0xe4}
+	require.Eventually(t, func() bool {
+		_, err := pub.Publish(&events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored,
+			BlockHashes: engineKeys, TokenIDs: tokens, BlockSize: hashing.DefaultBlockSize, Medium: "GPU"}}})
+		require.NoError(t, err)
+		r := score(relayURL)
+		return len(r.Pods) == 1 && r.Pods[0].MatchedBlocks == len(engineKeys)
+	}, 20*time.Second, 50*time.Millisecond, "the relay never indexed the prompt")
+	var r ScoreResponse
+	require.Eventually(t, func() bool { r = score(replicaURL); return len(r.Pods) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the replica never scored the prompt's pod: %+v", &r)
+	require.Equal(t, score(relayURL), r)
+}

@@ -57,7 +57,11 @@
 // (the same sequencing a subscriber runs, without a replay endpoint), so
 // it reaches the state the relay's own subscriber reached: gaps and
 // restarts clear the holder alike. Across subjects, the stream's order is the order of
-// arrival, which nothing should depend on.
+// arrival, which nothing should depend on. The stream carries the
+// engines' payloads as they were received, so a fleet whose relays index
+// content keys (events.Config.ContentKeys) needs replicas that apply it
+// with the same hasher (ReplicaConfig.ContentKeys): without it a replica
+// indexes the engines' own keys, which no content-keyed request matches.
 //
 // # Two relays
 //

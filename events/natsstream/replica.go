@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/notify"
 )
@@ -56,6 +57,13 @@ type ReplicaConfig struct {
 	// Index configures the replica's index when no snapshot is loaded; a
 	// loaded snapshot is configured with it too.
 	Index index.Config
+	// ContentKeys, when set (a hashing.Content hasher), applies the stream
+	// in content-key mode (events.Config.ContentKeys): the index holds
+	// content keys computed from the batches' token ids, as a relay's own
+	// index does in that mode, so that requests hashed with the same
+	// hasher match. Every replica and relay of a fleet must use the same
+	// key mode and hasher settings, and so must the snapshots they share.
+	ContentKeys *hashing.Hasher
 	// SnapshotInterval, when positive, makes the replica compete for the
 	// snapshot lease of its shard; the holder stores a snapshot in the
 	// object store this often. Zero: the replica only loads snapshots.
@@ -255,9 +263,9 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	// not expire by this replica's clock: every replica must apply the same
 	// stream to the same index.
 	r.proc, err = events.NewProcessor(events.Config{Sink: r.ix, InitialSeqs: seqs, EnqueueTimeout: 24 * time.Hour, Logger: log,
-		QueueBytes: math.MaxInt64, SnapshotExpiry: time.Duration(math.MaxInt64)})
+		QueueBytes: math.MaxInt64, SnapshotExpiry: time.Duration(math.MaxInt64), ContentKeys: cfg.ContentKeys})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("natsstream: %w", err)
 	}
 	r.initial = seqs
 	r.applied = r.snapSeq.Load()
