@@ -70,6 +70,8 @@
 // one-token completion of the prefix naming the source in
 // kv_transfer_params (Prefetch.Warmup).
 //
-// A steady-state Pick allocates only the decision's missing keys; Score with
-// a reused destination slice allocates nothing.
+// A steady-state Pick allocates only the decision's missing keys and, for a
+// pull, its claim on the source (its own allocation, so that a decision kept
+// for Done with Missing cleared keeps no key alive); Score with a reused
+// destination slice allocates nothing.
 package picker

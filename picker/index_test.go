@@ -75,7 +75,7 @@ func checkPickAndScoreAgree(t *testing.T, r *rand.Rand, pods []index.Holder, ite
 		require.NoError(t, err)
 		got, err := real.Pick(req)
 		require.NoError(t, err)
-		want.pull, got.pull = pull{}, pull{}
+		want.pull, got.pull = nil, nil
 		require.Equal(t, want, got, "iteration %d", iter)
 
 		ws, err := ref.Score(req, nil)
@@ -92,7 +92,7 @@ func checkPickAndScoreAgree(t *testing.T, r *rand.Rand, pods []index.Holder, ite
 	}
 }
 
-func TestPickOnRealIndexAllocatesOnlyTheMissingKeys(t *testing.T) {
+func TestPickOnRealIndexAllocatesOnlyTheMissingKeysAndTheClaim(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts need a build without -race")
 	}
@@ -104,7 +104,7 @@ func TestPickOnRealIndexAllocatesOnlyTheMissingKeys(t *testing.T) {
 		}
 		d.Done()
 	})
-	require.LessOrEqual(t, allocs, 1.0)
+	require.LessOrEqual(t, allocs, 2.0, "the missing keys and the pull's claim")
 }
 
 // benchFleet builds a fleet for a prompt of the given length: a destination

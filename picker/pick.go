@@ -92,18 +92,19 @@ type Decision struct {
 	SkippedBest  int
 
 	p2pPort int
-	pull    pull
+	pull    *pull
 }
 
 // pull is a pull decision's claim on its source's in-flight count. Copies of
-// the Decision copy load and epoch but share the flag released points to,
-// so that the claim is released once however many copies are marked done.
-// The flag is the word past the end of Missing, so that a pull costs the
-// one allocation it always did.
+// the Decision share it, so that the claim is released once however many
+// copies are marked done. It is an allocation of its own, not a word past
+// the end of Missing's: a caller that keeps a decision for Done and clears
+// Missing (service's kept pulls) would otherwise keep every missing key
+// alive through the claim, 512 KiB for a pull of a million tokens.
 type pull struct {
 	load     *holderLoad
 	epoch    uint64
-	released *uint64
+	released atomic.Bool
 	// fleet, when the picker shares pulls with other replicas, hears of
 	// the release too.
 	fleet Fleet
@@ -118,7 +119,7 @@ type pull struct {
 // also defers Done on the original cannot release a pull that is still in
 // flight.
 func (d *Decision) Done() {
-	if d.pull.load != nil && atomic.CompareAndSwapUint64(d.pull.released, 0, 1) {
+	if d.pull != nil && d.pull.released.CompareAndSwap(false, true) {
 		d.pull.load.release(d.pull.epoch)
 		if d.pull.fleet != nil {
 			d.pull.fleet.Ended(d.pull.token)
@@ -289,7 +290,8 @@ func podHost(pod string) string {
 // still in flight). A pull counts as in flight until Decision.Done or the
 // TTL.
 //
-// Pick allocates only the decision's Missing keys.
+// Pick allocates only the decision's Missing keys and, for a pull, its claim
+// on the source.
 func (p *Picker) Pick(req Request) (Decision, error) {
 	return p.PickContext(context.Background(), req)
 }
@@ -437,10 +439,8 @@ func (p *Picker) PickContext(ctx context.Context, req Request) (Decision, error)
 	d.Gain = chosen.gain
 	d.Recompute -= chosen.gain
 	d.SavingMillis = chosen.saving
-	buf := make([]uint64, chosen.gain+1)
-	copy(buf, keys[l:l+chosen.gain])
-	d.Missing = buf[:chosen.gain:chosen.gain]
-	d.pull = pull{load: chosen.slot, epoch: now, released: &buf[chosen.gain]}
+	d.Missing = slices.Clone(keys[l : l+chosen.gain])
+	d.pull = &pull{load: chosen.slot, epoch: now}
 	if p.fleet != nil {
 		d.pull.fleet, d.pull.token = p.fleet, p.fleet.Started(chosen.h)
 	}

@@ -219,7 +219,7 @@ type tierWeight struct {
 }
 
 // scratch is the per-call working memory, pooled so that a steady-state
-// call allocates only the decision's missing keys.
+// call allocates only the decision's missing keys and its pull's claim.
 type scratch struct {
 	keys   []uint64
 	models []string

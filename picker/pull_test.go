@@ -2,8 +2,10 @@ package picker
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -45,6 +47,35 @@ func TestDoneReleasesAPullOnceAcrossCopies(t *testing.T) {
 	require.Equal(t, 1, p.Inflight(peerA))
 	third.Done()
 	require.Zero(t, p.Inflight(peerA))
+}
+
+// TestAKeptDecisionWithoutItsMissingKeysDoesNotKeepThemAlive keeps a pull
+// decision for Done, as a service keeps it by request id, with Missing
+// cleared: the keys must then be garbage, and Done must still release the
+// pull.
+func TestAKeptDecisionWithoutItsMissingKeysDoesNotKeepThemAlive(t *testing.T) {
+	keys := seqKeys(1024)
+	p := newPicker(t, fleet(keys, holding{peerA, index.TierCPU, 0, 1024}), Config{})
+	d, err := p.Pick(Request{ID: "r", Model: model, Keys: keys, Destination: dst})
+	require.NoError(t, err)
+	require.Equal(t, ReasonPull, d.Reason)
+	freed := make(chan struct{})
+	runtime.AddCleanup(&d.Missing[0], func(c chan struct{}) { close(c) }, freed)
+	kept := d
+	kept.Missing = nil
+	d = Decision{}
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		select {
+		case <-freed:
+			return true
+		default:
+			return false
+		}
+	}, 10*time.Second, 10*time.Millisecond, "the kept decision keeps its 1,024 missing keys alive")
+	require.Equal(t, 1, p.Inflight(peerA))
+	kept.Done()
+	require.Zero(t, p.Inflight(peerA), "the kept decision still releases its pull")
 }
 
 func TestTransferKeysFeedAFakePull(t *testing.T) {

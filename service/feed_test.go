@@ -57,10 +57,13 @@ func (f *feeder) store(pod, model, medium string, keys []uint64) {
 	// it: publish (stores are idempotent) until one is applied.
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	for {
+	// Each try waits twice as long as the last: a batch of a million
+	// tokens can take longer than a try to apply under -race, and
+	// publishing it again at a fixed pace only queues more of it.
+	for try := 200 * time.Millisecond; ; try *= 2 {
 		seq, err := pub.Publish(batch)
 		require.NoError(f.t, err)
-		wait, waitCancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		wait, waitCancel := context.WithTimeout(ctx, try)
 		err = f.s.sub.WaitApplied(wait, h, seq)
 		waitCancel()
 		if err == nil {

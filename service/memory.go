@@ -112,7 +112,7 @@ type MemoryConfig struct {
 	// (events.Config.QueueBytes).
 	EventsQueueMemory int64
 	// KeptPullsMemory bounds the pull decisions kept for POST /v1/done
-	// (about 200 bytes and the request id each); zero:
+	// (about 300 bytes and the request id each); zero:
 	// DefaultKeptPullsMemory.
 	KeptPullsMemory int64
 }
@@ -139,7 +139,7 @@ func (c *MemoryConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.IndexShareThreshold, "index-share-threshold", 0, fmt.Sprintf("holders of one block that make the index keep it once for all of them, a few bytes a holder instead of about 30 (0: %d; negative: never)", index.DefaultShareThreshold))
 	fs.Var((*sizeFlag)(&c.EventsMaxMessage), "events-max-message", "largest event message accepted; a peer sending a larger one is disconnected")
 	fs.Var((*sizeFlag)(&c.EventsQueueMemory), "events-queue-memory", "bytes of event messages queued per worker; past it messages are dropped and their pods resynced by replay")
-	fs.Var((*sizeFlag)(&c.KeptPullsMemory), "kept-pulls-memory", "bytes of pull decisions kept for POST /v1/done (about 200 bytes and the request id each); past it a pull is answered but released only by --inflight-ttl")
+	fs.Var((*sizeFlag)(&c.KeptPullsMemory), "kept-pulls-memory", "bytes of pull decisions kept for POST /v1/done (about 300 bytes and the request id each); past it a pull is answered but released only by --inflight-ttl")
 }
 
 func (c *MemoryConfig) check() error {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/events/natsstream"
+	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/ratelog"
 	"github.com/kvsource/kvsource/picker"
@@ -40,7 +41,10 @@ import (
 //     other replicas' in-flight pulls. /v1/pods adds a "replica" object
 //     (applied stream sequence, lag in messages and seconds, snapshot age),
 //     /healthz answers 503 while the replica lags more than --nats-max-lag,
-//     and Prometheus gets kvsource_replica_* gauges.
+//     and Prometheus gets kvsource_replica_* gauges. With --keys content
+//     it applies the stream in content-key mode, as the relay does; every
+//     relay and replica of a fleet must be given the same --keys,
+//     --block-size and --seed.
 
 // NATSConfig is what the --nats flags configure.
 type NATSConfig struct {
@@ -84,7 +88,7 @@ func (c *NATSConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Name, "nats-name", "", "this relay's or replica's name in leases and logs (default host name and pid)")
 	fs.StringVar(&c.Stream, "nats-stream", natsstream.DefaultStream, "the JetStream stream; buckets are named after it")
 	fs.StringVar(&c.Models, "nats-models", "", "replica: comma-separated models to consume (sharding by model); default every model")
-	fs.DurationVar(&c.SnapshotInterval, "nats-snapshot-interval", time.Minute, "replica: compete for the snapshot lease and store a shared snapshot this often (0: never)")
+	fs.DurationVar(&c.SnapshotInterval, "nats-snapshot-interval", time.Minute, "replica: compete for the snapshot lease and store a shared snapshot this often (0: never; a NATS user with only a replica's permissions, not a snapshotter's, needs 0)")
 	fs.IntVar(&c.Replicas, "nats-replicas", 1, "JetStream replication of the stream and buckets when this process creates them (3 on a three-node cluster)")
 	fs.DurationVar(&c.MaxLag, "nats-max-lag", natsstream.DefaultMaxLag, "replica: /healthz fails while the replica lags the stream by more")
 	fs.StringVar(&c.Conn.CredsFile, "nats-creds", "", "NATS credentials file (a user JWT and its nkey seed, as nsc writes it)")
@@ -170,8 +174,10 @@ type natsRole struct {
 }
 
 // newServeNATS connects to NATS and sets up the role's streams and
-// buckets, within natsSetupTimeout or until ctx is done.
-func newServeNATS(ctx context.Context, cfg Config, log *slog.Logger) (*natsRole, error) {
+// buckets, within natsSetupTimeout or until ctx is done. contentKeys is
+// the --keys content hasher, nil with engine keys: a replica applies the
+// stream with it, so that its index holds the keys its requests hash to.
+func newServeNATS(ctx context.Context, cfg Config, contentKeys *hashing.Hasher, log *slog.Logger) (*natsRole, error) {
 	c := cfg.NATS
 	if c.URL == "" {
 		return nil, nil
@@ -220,7 +226,7 @@ func newServeNATS(ctx context.Context, cfg Config, log *slog.Logger) (*natsRole,
 			models = strings.Split(c.Models, ",")
 		}
 		n.replica, err = natsstream.Open(ctx, natsstream.ReplicaConfig{Config: shared, JetStream: js, Name: c.Name, Models: models,
-			SnapshotInterval: c.SnapshotInterval, MaxLag: c.MaxLag, Logger: log})
+			SnapshotInterval: c.SnapshotInterval, MaxLag: c.MaxLag, ContentKeys: contentKeys, Logger: log})
 		if err == nil {
 			n.fleet, err = natsstream.NewFleet(ctx, natsstream.FleetConfig{Config: shared, JetStream: js, Name: c.Name,
 				TTL: cfg.InflightTTL, Logger: log})
@@ -568,6 +574,8 @@ func (n *natsRole) registerMetrics(reg *prometheus.Registry) {
 			counter("kvsource_replica_dropped_parts_total", "Parts dropped: out of order, or of a batch that could not be joined.", func() float64 { return float64(r.Status().DroppedParts) }),
 			gauge("kvsource_fleet_remote_pulls", "Pulls other replicas have in flight.", func() float64 { return float64(f.Stats().Remote) }),
 			counter("kvsource_fleet_dropped_total", "Pull starts and ends not shared: queue full or publish failed.", func() float64 { return float64(f.Stats().Dropped) }),
+			counter("kvsource_fleet_malformed_pulls_total", "Other replicas' pulls not counted: their value names no holder (a pod name over 253 bytes, say).", func() float64 { return float64(f.Stats().Malformed) }),
+			counter("kvsource_fleet_over_cap_pulls_total", "Other replicas' pulls not counted: 65,536 were in flight already.", func() float64 { return float64(f.Stats().OverCap) }),
 		)
 	}
 }

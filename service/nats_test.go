@@ -16,9 +16,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/natsstream"
 	"github.com/kvsource/kvsource/events/zmq"
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
@@ -340,4 +343,100 @@ func TestServeAuthenticatesToNATSAndStopsAtOnceOnRefusedCredentials(t *testing.T
 	require.ErrorContains(t, err, "refuses the credentials")
 	require.Less(t, time.Since(start), 10*time.Second, "a refusal waited for the set-up timeout")
 	require.NotContains(t, err.Error(), "wrong", "the password is not in the error")
+}
+
+// startServeNATSWithRoles starts a NATS server with users "relay",
+// "replica" and "snap" holding exactly natsstream's permissions for their
+// role, and returns its URL and the flags that log in as each.
+func startServeNATSWithRoles(t *testing.T) (url string, login func(user string) []string) {
+	t.Helper()
+	var cfg natsstream.Config
+	var users []*server.User
+	dir := t.TempDir()
+	for name, role := range map[string]natsstream.Role{"relay": natsstream.RoleRelay, "replica": natsstream.RoleReplica, "snap": natsstream.RoleSnapshotter} {
+		p := cfg.Permissions(role)
+		users = append(users, &server.User{Username: name, Password: name + "-pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: p.Publish}, Subscribe: &server.SubjectPermission{Allow: p.Subscribe}}})
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(name+"-pw\n"), 0o600))
+	}
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+		Users: users})
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv.ClientURL(), func(user string) []string {
+		return []string{"--nats-user", user, "--nats-password-file", filepath.Join(dir, user)}
+	}
+}
+
+// A serve replica's NATS credentials cannot delete the snapshots the
+// snapshotting replica stored: the next replica still starts from them.
+func TestServeReplicaCredentialsCannotDeleteTheSharedSnapshots(t *testing.T) {
+	url, login := startServeNATSWithRoles(t)
+	relay, _ := startServe(t, append([]string{"--nats", url, "--role", "relay", "--events-bind", "tcp://127.0.0.1:0"}, login("relay")...)...)
+	feed := newServeFeeder(t, relay)
+	h := index.Holder{Pod: "127.0.0.1:8002"}
+	feed.store(h.Pod, "m", "CPU", []uint64{1, 2})
+	snap, _ := startServe(t, append([]string{"--nats", url, "--role", "replica", "--nats-bind", "--nats-snapshot-interval", "50ms"}, login("snap")...)...)
+	var st natsstream.ReplicaStatus
+	snapshots := func(n uint64) func() bool {
+		return func() bool { st = snap.nats.replica.Status(); return st.Snapshots >= n }
+	}
+	require.Eventually(t, snapshots(1), 20*time.Second, 10*time.Millisecond, "%+v", &st)
+	feed.store(h.Pod, "m", "CPU", []uint64{3})
+	// The second snapshot purges the stream up to the first.
+	require.Eventually(t, snapshots(2), 20*time.Second, 10*time.Millisecond, "%+v", &st)
+
+	nc, err := nats.Connect(url, nats.UserInfo("replica", "replica-pw"))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = js.UpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: natsstream.DefaultStream + "_SNAPSHOTS", TTL: time.Second})
+	require.Error(t, err, "a replica's credentials gave the snapshot store a max_age")
+
+	replica, replicaURL := startServe(t, append([]string{"--nats", url, "--role", "replica", "--nats-bind", "--nats-snapshot-interval", "0"}, login("replica")...)...)
+	require.Positive(t, replica.nats.replica.Status().SnapshotSeq, "the replica started without the shared snapshot")
+	require.Eventually(t, func() bool { return podsByHolder(t, replicaURL)[h].Blocks["CPU"] == 3 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// With --keys content, a replica indexes the stream under the content
+// keys its requests hash to, as the relay does: both score a prompt whose
+// engine keys no router reproduces alike.
+func TestServeReplicaWithContentKeysScoresAsTheRelayDoes(t *testing.T) {
+	url := startServeNATS(t)
+	port := testenv.FreePort(t)
+	pub, err := zmq.NewPublisher(zmq.PublisherConfig{Bind: fmt.Sprintf("tcp://*:%d", port), Topic: "kv@10.0.0.1:8000@m"})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	_, relayURL := startServe(t, "--nats", url, "--role", "relay", "--keys", "content",
+		"--events-connect", fmt.Sprintf("10.0.0.1:8000=tcp://127.0.0.1:%d", port))
+	_, replicaURL := startServe(t, "--nats", url, "--role", "replica", "--keys", "content")
+
+	tokens := make([]uint32, 4*hashing.DefaultBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(i + 7)
+	}
+	score := func(base string) (resp ScoreResponse) {
+		code, body := call(t, "POST", base+"/v1/score", map[string]any{"model": "m", "tokens": tokens})
+		require.Equal(t, http.StatusOK, code, string(body))
+		require.NoError(t, json.Unmarshal(body, &resp))
+		return resp
+	}
+	// Keys of an engine hashing with a random seed.
+	engineKeys := []uint64{0xe1, 0xe2, 0xe3, 0xe4}
+	require.Eventually(t, func() bool {
+		_, err := pub.Publish(&events.Batch{DPRank: events.Some(0), Events: []events.Event{{Type: events.EventBlockStored,
+			BlockHashes: engineKeys, TokenIDs: tokens, BlockSize: hashing.DefaultBlockSize, Medium: "GPU"}}})
+		require.NoError(t, err)
+		r := score(relayURL)
+		return len(r.Pods) == 1 && r.Pods[0].MatchedBlocks == len(engineKeys)
+	}, 20*time.Second, 50*time.Millisecond, "the relay never indexed the prompt")
+	var r ScoreResponse
+	require.Eventually(t, func() bool { r = score(replicaURL); return len(r.Pods) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the replica never scored the prompt's pod: %+v", &r)
+	require.Equal(t, score(relayURL), r)
 }

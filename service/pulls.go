@@ -16,8 +16,9 @@ import (
 
 // keptPulls holds each pull decision by request id until POST /v1/done
 // releases it or --inflight-ttl passes. It keeps only what releasing needs,
-// not the decision's missing keys (676 KiB for a pull of a million tokens:
-// 364 picks held 266 MiB), and at most --kept-pulls-memory bytes of them: a
+// not the decision's missing keys (512 KiB for a pull of a million tokens,
+// which the picker allocates apart from the pull's claim so that clearing
+// them frees them), and at most --kept-pulls-memory bytes of them: a
 // pull past that is answered all the same, counted, and released by the
 // picker's own TTL instead of by /v1/done.
 type keptPulls struct {
@@ -38,8 +39,10 @@ type keptPull struct {
 }
 
 // keptPullOverhead is what one kept pull costs beside its id: the entry, its
-// map slot and the decision.
-const keptPullOverhead = int64(unsafe.Sizeof(keptPull{})) + 64
+// map slot, the decision and the decision's claim on its source, which the
+// picker allocates apart from the missing keys (48 bytes) so that clearing
+// Missing frees them.
+const keptPullOverhead = int64(unsafe.Sizeof(keptPull{})) + 64 + 48
 
 func keptPullBytes(id string) int64 { return keptPullOverhead + int64(len(id)) }
 

@@ -87,7 +87,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, log: log, hasher: h, pulls: newKeptPulls(cfg.KeptPullsMemory, cfg.InflightTTL, log)}
-	if s.nats, err = newServeNATS(ctx, cfg, log); err != nil {
+	var contentKeys *hashing.Hasher
+	if content {
+		contentKeys = h
+	}
+	if s.nats, err = newServeNATS(ctx, cfg, contentKeys, log); err != nil {
 		return nil, err
 	}
 	if s.nats != nil && s.nats.replica != nil {

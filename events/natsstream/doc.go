@@ -57,7 +57,11 @@
 // (the same sequencing a subscriber runs, without a replay endpoint), so
 // it reaches the state the relay's own subscriber reached: gaps and
 // restarts clear the holder alike. Across subjects, the stream's order is the order of
-// arrival, which nothing should depend on.
+// arrival, which nothing should depend on. The stream carries the
+// engines' payloads as they were received, so a fleet whose relays index
+// content keys (events.Config.ContentKeys) needs replicas that apply it
+// with the same hasher (ReplicaConfig.ContentKeys): without it a replica
+// indexes the engines' own keys, which no content-keyed request matches.
 //
 // # Two relays
 //
@@ -95,7 +99,11 @@
 // Fleet implements picker.Fleet: each pull a replica's picker directs is
 // a key in <Stream>_PULLS (TTL the picker's in-flight TTL) until it is
 // done, and every replica watches the bucket, so each one's in-flight
-// counts include the others' pulls, a few milliseconds late.
+// counts include the others' pulls, a few milliseconds late. A replica
+// counts at most FleetConfig.MaxRemote of the others' pulls, only those
+// whose value names a holder (a pod name events.ValidPodName takes), and
+// keeps nothing of one, its holder included, once it ends or its TTL
+// passes (FleetStats.Malformed and OverCap count the others).
 //
 // # Live sources
 //
@@ -122,7 +130,10 @@
 // stream and their buckets. Replicas (RoleReplica) set Config.Bind and
 // publish none of those: they consume, read snapshots and share
 // in-flight pulls (<Stream>_PULLS); snapshotters (RoleSnapshotter) also
-// store snapshots, hold the snapshot lease and purge the stream.
+// create and update the snapshot store, store snapshots, hold the
+// snapshot lease and purge the stream. A replica that stores no snapshots
+// (ReplicaConfig.SnapshotInterval zero) opens the snapshot store as it is,
+// never updating it, and starts cold while no snapshotter has created it.
 //
 // What a client with publish rights can still do:
 //
@@ -142,8 +153,11 @@
 //   - With a replica's rights: read everything on the stream (pod names,
 //     block hashes) and add or remove in-flight pulls, making holders
 //     look busier or idler to the other replicas' spreading for up to the
-//     pulls' TTL; not publish a batch, write a table or the lease, or
-//     create or change the stream or the relays' buckets.
+//     pulls' TTL (within FleetConfig.MaxRemote pulls, whose memory goes
+//     with the TTL); not publish a batch, write a table or the lease,
+//     create or change the stream or the relays' buckets, or change the
+//     snapshot store (a max_age on it would delete every snapshot, and
+//     the next replica could not start).
 //   - With a snapshotter's rights, in addition: store a made-up snapshot,
 //     from which new replicas start, and purge the stream, so that
 //     replicas starting later miss what it held. Give RoleSnapshotter

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/puzpuzpuz/xsync/v4"
 
+	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/index"
 )
 
@@ -21,6 +23,9 @@ const (
 	// DefaultPullTTL is picker.DefaultInflightTTL.
 	DefaultPullTTL  = 30 * time.Second
 	DefaultQueueLen = 4096
+	// DefaultMaxRemote is far more pulls than a fleet's replicas have in
+	// flight at once; each costs about 400 bytes at most.
+	DefaultMaxRemote = 1 << 16
 )
 
 // FleetConfig configures a Fleet. Only JetStream is required.
@@ -39,6 +44,10 @@ type FleetConfig struct {
 	// it they are dropped and counted (FleetStats.Dropped), and the other
 	// replicas do not see those pulls. Default DefaultQueueLen.
 	QueueLen int
+	// MaxRemote bounds the other replicas' pulls counted at once; past
+	// it a pull is not counted (FleetStats.OverCap) until some expire or
+	// end. Default DefaultMaxRemote.
+	MaxRemote int
 	// Logger receives the fleet's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -48,6 +57,11 @@ type FleetStats struct {
 	Started, Ended uint64 // this replica's pulls published
 	Dropped        uint64 // starts and ends not published: queue full or publish failed
 	Remote         int    // other replicas' pulls in flight now
+	// Malformed counts other replicas' pulls not counted because their
+	// value is no holder (no "rank|pod", a negative rank, or a pod name
+	// events.ValidPodName refuses, longer than events.MaxPodNameLen say);
+	// OverCap those not counted because MaxRemote were.
+	Malformed, OverCap uint64
 }
 
 // Fleet shares in-flight pulls among router replicas through a JetStream
@@ -63,10 +77,13 @@ type Fleet struct {
 	ops   chan fleetOp
 	next  atomic.Uint64
 
+	// counts holds a holder only while the other replicas have a pull
+	// from it in flight: holders are what anyone with a replica's
+	// credentials names, so one left at zero would stay for good.
 	counts *xsync.Map[index.Holder, *atomic.Int64]
 	remote atomic.Int64
 
-	started, ended, dropped atomic.Uint64
+	started, ended, dropped, malformed, overCap atomic.Uint64
 }
 
 type fleetOp struct {
@@ -79,6 +96,10 @@ type remotePull struct {
 	h       index.Holder
 	created time.Time
 }
+
+// maxPullValue is the longest value of a pull key that can name a holder:
+// a rank, '|' and a pod name.
+const maxPullValue = 20 + 1 + events.MaxPodNameLen
 
 // NewFleet creates or updates the pulls bucket.
 func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
@@ -93,10 +114,16 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = DefaultQueueLen
 	}
+	if cfg.MaxRemote <= 0 {
+		cfg.MaxRemote = DefaultMaxRemote
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
+	// The pulls bucket holds what anyone with a replica's credentials
+	// wrote: what the fleet logs of it is on a budget.
+	log = withLogBudget(log, logBudgetInterval)
 	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_PULLS", cfg.TTL)
 	if err != nil {
 		return nil, err
@@ -133,7 +160,8 @@ func (f *Fleet) Inflight(h index.Holder) int {
 
 // Stats returns the fleet's counters.
 func (f *Fleet) Stats() FleetStats {
-	return FleetStats{Started: f.started.Load(), Ended: f.ended.Load(), Dropped: f.dropped.Load(), Remote: int(f.remote.Load())}
+	return FleetStats{Started: f.started.Load(), Ended: f.ended.Load(), Dropped: f.dropped.Load(), Remote: int(f.remote.Load()),
+		Malformed: f.malformed.Load(), OverCap: f.overCap.Load()}
 }
 
 // Run publishes this replica's starts and ends and watches the others'
@@ -191,7 +219,10 @@ func (f *Fleet) watch(ctx context.Context) {
 		return
 	}
 	defer w.Stop()
-	pulls := map[string]remotePull{}
+	// Keyed by a seeded hash of the key, not the key: keys are as long as
+	// a subject may be, whoever writes them.
+	seed := maphash.MakeSeed()
+	pulls := map[uint64]remotePull{}
 	defer func() {
 		for k, p := range pulls {
 			f.drop(pulls, k, p)
@@ -221,33 +252,71 @@ func (f *Fleet) watch(ctx context.Context) {
 			if owner == f.owner {
 				continue
 			}
+			k := maphash.String(seed, e.Key())
 			if e.Operation() != jetstream.KeyValuePut {
-				if p, ok := pulls[e.Key()]; ok {
-					f.drop(pulls, e.Key(), p)
+				if p, ok := pulls[k]; ok {
+					f.drop(pulls, k, p)
 				}
 				continue
 			}
-			rank, pod, ok := strings.Cut(string(e.Value()), "|")
-			r, err := strconv.Atoi(rank)
-			if !ok || err != nil || time.Since(e.Created()) > f.cfg.TTL {
+			if time.Since(e.Created()) > f.cfg.TTL {
 				continue
 			}
-			if _, dup := pulls[e.Key()]; dup {
+			if _, dup := pulls[k]; dup {
 				continue
 			}
-			p := remotePull{h: index.Holder{Pod: pod, Rank: r}, created: e.Created()}
-			pulls[e.Key()] = p
-			c, _ := f.counts.LoadOrCompute(p.h, func() (*atomic.Int64, bool) { return new(atomic.Int64), false })
-			c.Add(1)
+			h, err := parsePull(e.Value())
+			if err != nil {
+				f.malformed.Add(1)
+				f.log.Warn("natsstream: fleet pull names no holder, not counted", "key", truncate(e.Key(), 64), "err", err)
+				continue
+			}
+			if len(pulls) >= f.cfg.MaxRemote {
+				f.overCap.Add(1)
+				f.log.Warn("natsstream: other replicas' pulls over FleetConfig.MaxRemote, not counted", "max", f.cfg.MaxRemote)
+				continue
+			}
+			p := remotePull{h: h, created: e.Created()}
+			pulls[k] = p
+			f.counts.Compute(h, func(c *atomic.Int64, loaded bool) (*atomic.Int64, xsync.ComputeOp) {
+				if !loaded {
+					c = new(atomic.Int64)
+				}
+				c.Add(1)
+				return c, xsync.UpdateOp
+			})
 			f.remote.Add(1)
 		}
 	}
 }
 
-func (f *Fleet) drop(pulls map[string]remotePull, k string, p remotePull) {
+func (f *Fleet) drop(pulls map[uint64]remotePull, k uint64, p remotePull) {
 	delete(pulls, k)
-	if c, ok := f.counts.Load(p.h); ok {
-		c.Add(-1)
-	}
+	f.counts.Compute(p.h, func(c *atomic.Int64, loaded bool) (*atomic.Int64, xsync.ComputeOp) {
+		if !loaded || c.Add(-1) <= 0 {
+			return nil, xsync.DeleteOp
+		}
+		return c, xsync.UpdateOp
+	})
 	f.remote.Add(-1)
+}
+
+// parsePull reads a pull's value, "rank|pod", as a holder, copying the pod
+// name out of the value.
+func parsePull(v []byte) (index.Holder, error) {
+	if len(v) > maxPullValue {
+		return index.Holder{}, fmt.Errorf("%w: a value of %d bytes, over %d", ErrBadMessage, len(v), maxPullValue)
+	}
+	rank, pod, ok := strings.Cut(string(v), "|")
+	if !ok {
+		return index.Holder{}, fmt.Errorf("%w: no rank|pod", ErrBadMessage)
+	}
+	r, err := strconv.Atoi(rank)
+	if err != nil || r < 0 {
+		return index.Holder{}, fmt.Errorf("%w: rank %q", ErrBadMessage, truncate(rank, 32))
+	}
+	if err := events.ValidPodName(pod); err != nil {
+		return index.Holder{}, fmt.Errorf("%w: %w", ErrBadMessage, err)
+	}
+	return index.Holder{Pod: pod, Rank: r}, nil
 }

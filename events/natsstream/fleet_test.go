@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,4 +136,57 @@ func mapValues(m map[index.Holder]int, keys []index.Holder) func(func(int) bool)
 			}
 		}
 	}
+}
+
+// Made-up pulls, as anyone with a replica's credentials can write them,
+// leave nothing behind once their TTL passes, and a pull whose pod name
+// no holder can have (a 4,000-byte one) is not counted at all.
+func TestFleetForgetsMadeUpPullsWithTheirTTLAndRefusesLongPodNames(t *testing.T) {
+	env := startNATS(t)
+	_, js := env.connect(t)
+	f, err := NewFleet(context.Background(), FleetConfig{JetStream: js, Name: "victim", TTL: time.Second})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { _ = f.Run(ctx) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, DefaultStream+"_PULLS")
+	require.NoError(t, err)
+
+	const valid, long = 200, 100
+	for i := range valid {
+		_, err := kv.Put(ctx, fmt.Sprintf("evil.%d", i), fmt.Appendf(nil, "0|10.1.%d.%d:8000", i/256, i%256))
+		require.NoError(t, err)
+	}
+	for i := range long {
+		_, err := kv.Put(ctx, fmt.Sprintf("evil.long-%d", i), fmt.Appendf(nil, "0|%s-%d:8000", strings.Repeat("a", 4000), i))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return f.Stats().Remote == valid }, 10*time.Second, time.Millisecond)
+	require.Equal(t, valid, f.counts.Size())
+	require.Equal(t, 1, f.Inflight(index.Holder{Pod: "10.1.0.7:8000"}))
+	require.Eventually(t, func() bool { return f.Stats().Malformed == long }, 10*time.Second, time.Millisecond)
+
+	// Past the TTL, no holder is left in the counts.
+	require.Eventually(t, func() bool { return f.Stats().Remote == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Zero(t, f.counts.Size(), "holders of expired pulls are left in the counts")
+	require.Zero(t, f.Inflight(index.Holder{Pod: "10.1.0.7:8000"}))
+}
+
+func TestFleetCountsAtMostMaxRemotePulls(t *testing.T) {
+	env := startNATS(t)
+	_, js := env.connect(t)
+	f, err := NewFleet(context.Background(), FleetConfig{JetStream: js, Name: "victim", MaxRemote: 10})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { _ = f.Run(ctx) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, DefaultStream+"_PULLS")
+	require.NoError(t, err)
+	for i := range 15 {
+		_, err := kv.Put(ctx, fmt.Sprintf("other.%d", i), []byte("0|10.1.0.1:8000"))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return f.Stats().OverCap == 5 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, 10, f.Stats().Remote)
+	require.Equal(t, 10, f.Inflight(index.Holder{Pod: "10.1.0.1:8000"}))
 }

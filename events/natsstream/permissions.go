@@ -66,12 +66,17 @@ func (c Config) Permissions(role Role) Permissions {
 		p.Publish = append(p.Publish, c.SubjectPrefix+".>", "$KV."+c.Stream+"_RELAY.>", "$KV."+c.Stream+"_SOURCES.>")
 	case RoleReplica, RoleSnapshotter:
 		info(events, relayKV, sourcesKV)
-		manage(pullsKV, snaps)
+		manage(pullsKV)
 		get(snaps, relayKV, sourcesKV)
 		consume(events, relayKV, sourcesKV, pullsKV, snaps)
 		p.Publish = append(p.Publish, "$KV."+c.Stream+"_PULLS.>")
+		if role == RoleReplica {
+			// Whoever may update the snapshot store may give it a
+			// max_age and so delete every snapshot.
+			info(snaps)
+		}
 		if role == RoleSnapshotter {
-			manage(leaseKV)
+			manage(leaseKV, snaps)
 			get(leaseKV)
 			p.Publish = append(p.Publish, api+"STREAM.PURGE."+events, api+"STREAM.PURGE."+snaps,
 				"$O."+c.Stream+"_SNAPSHOTS.>", "$KV."+c.Stream+"_SNAPLEASE.>")

@@ -34,13 +34,11 @@ func (v *violations) list() []string {
 	return append([]string(nil), v.errs...)
 }
 
-// A fleet runs under users that have exactly the permissions each role
-// lists: relays publish and write the sources table, replicas consume,
-// load and store snapshots and share pulls without a single permission
-// violation, and a replica's credentials can neither publish a batch, nor
-// write a sources table, nor change the stream.
-func TestFleetRunsUnderEachRolesPermissionsAndReplicasCannotPublish(t *testing.T) {
-	var cfg Config
+// startRoleServer starts a server with users "relay", "replica" and
+// "snap" that have exactly the permissions of RoleRelay, RoleReplica and
+// RoleSnapshotter under cfg, and returns how to connect as one of them.
+func startRoleServer(t *testing.T, cfg Config) (connect func(name string) (jetstream.JetStream, *violations)) {
+	t.Helper()
 	user := func(name string, role Role) *server.User {
 		p := cfg.Permissions(role)
 		return &server.User{Username: name, Password: name + "-pw", Permissions: &server.Permissions{
@@ -48,7 +46,7 @@ func TestFleetRunsUnderEachRolesPermissionsAndReplicasCannotPublish(t *testing.T
 	}
 	url := startServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir(),
 		Users: []*server.User{user("relay", RoleRelay), user("replica", RoleReplica), user("snap", RoleSnapshotter)}})
-	connect := func(name string) (jetstream.JetStream, *violations) {
+	return func(name string) (jetstream.JetStream, *violations) {
 		v := &violations{}
 		opts, err := ConnConfig{User: name, Password: name + "-pw"}.Options()
 		require.NoError(t, err)
@@ -59,6 +57,16 @@ func TestFleetRunsUnderEachRolesPermissionsAndReplicasCannotPublish(t *testing.T
 		require.NoError(t, err)
 		return js, v
 	}
+}
+
+// A fleet runs under users that have exactly the permissions each role
+// lists: relays publish and write the sources table, replicas consume,
+// load and store snapshots and share pulls without a single permission
+// violation, and a replica's credentials can neither publish a batch, nor
+// write a sources table, nor change the stream.
+func TestFleetRunsUnderEachRolesPermissionsAndReplicasCannotPublish(t *testing.T) {
+	var cfg Config
+	connect := startRoleServer(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -132,6 +140,63 @@ func TestFleetRunsUnderEachRolesPermissionsAndReplicasCannotPublish(t *testing.T
 	require.Equal(t, uint64(4), streamLastOf(t, rjs), "nothing the replica tried is on the stream")
 	_, ok := psrc.Source(index.Holder{Pod: "10.6.6.6:8000"})
 	require.False(t, ok)
+}
+
+// A replica's credentials cannot change the snapshot store, so cannot
+// give it a max_age that deletes every shard's snapshots; a replica opens
+// the store without them, cold while no snapshotter has created it, and
+// warm from the snapshotter's snapshot once there is one.
+func TestAReplicasCredentialsCannotDeleteTheSharedSnapshots(t *testing.T) {
+	cfg := Config{Bind: true}
+	connect := startRoleServer(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rjs, _ := connect("relay")
+	relay, err := NewRelay(ctx, RelayConfig{JetStream: rjs, Name: "relay", LeaseTTL: time.Second, Retain: 10 * time.Second})
+	require.NoError(t, err)
+	runUntilCleanup(t, func(ctx context.Context) { _ = relay.Run(ctx) })
+	waitLeader(t, relay)
+	h := index.Holder{Pod: "10.0.0.1:8000"}
+	for seq := range uint64(2) {
+		relay.Tap(events.TapBatch{Model: "m", Pod: h.Pod, Seq: seq, Payload: storeBatch(seq+1, 1)})
+	}
+	require.NoError(t, relay.Flush(ctx))
+
+	pjs, pv := connect("replica")
+	cold := openReplica(t, pjs, ReplicaConfig{Config: cfg, Name: "cold"})
+	waitApplied(t, 2, cold)
+	require.Equal(t, 2, cold.Index().HolderBlocks("m", h)["GPU"], "a replica starts before any snapshot store")
+
+	sjs, sv := connect("snap")
+	snap := openReplica(t, sjs, ReplicaConfig{Config: cfg, Name: "snap", SnapshotInterval: time.Hour})
+	waitApplied(t, 2, snap)
+	require.NoError(t, snap.Snapshot(ctx))
+	relay.Tap(events.TapBatch{Model: "m", Pod: h.Pod, Seq: 2, Payload: storeBatch(3, 1)})
+	require.NoError(t, relay.Flush(ctx))
+	waitApplied(t, 3, snap)
+	require.NoError(t, snap.Snapshot(ctx), "the second snapshot purges what the first covered")
+
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelShort()
+	_, err = pjs.UpdateObjectStore(short, jetstream.ObjectStoreConfig{Bucket: DefaultStream + "_SNAPSHOTS", TTL: time.Second})
+	require.Error(t, err, "a replica gives the snapshot store a max_age")
+	_, err = pjs.UpdateStream(short, jetstream.StreamConfig{Name: "OBJ_" + DefaultStream + "_SNAPSHOTS",
+		Subjects: []string{"$O." + DefaultStream + "_SNAPSHOTS.C.>", "$O." + DefaultStream + "_SNAPSHOTS.M.>"}, MaxAge: time.Second})
+	require.Error(t, err, "a replica updates the snapshot store's stream")
+	require.Error(t, pjs.DeleteObjectStore(short, DefaultStream+"_SNAPSHOTS"), "a replica deletes the snapshot store")
+	for _, e := range pv.list() {
+		require.Contains(t, e, "Permissions Violation")
+	}
+	violated := len(pv.list())
+
+	// The snapshots are all there for the next replica, which opens the
+	// store without a single permission violation.
+	warm := openReplica(t, pjs, ReplicaConfig{Config: cfg, Name: "warm"})
+	require.Equal(t, uint64(3), warm.Status().SnapshotSeq, "the next replica starts from the snapshot")
+	require.NoError(t, warm.WaitReady(ctx))
+	require.Equal(t, 3, warm.Index().HolderBlocks("m", h)["GPU"])
+	require.Len(t, pv.list(), violated, "the replicas' own permissions are enough")
+	require.Empty(t, sv.list(), "the snapshotter's permissions are enough")
 }
 
 func streamLastOf(t *testing.T, js jetstream.JetStream) uint64 {

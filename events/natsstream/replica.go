@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/notify"
 )
@@ -56,6 +57,13 @@ type ReplicaConfig struct {
 	// Index configures the replica's index when no snapshot is loaded; a
 	// loaded snapshot is configured with it too.
 	Index index.Config
+	// ContentKeys, when set (a hashing.Content hasher), applies the stream
+	// in content-key mode (events.Config.ContentKeys): the index holds
+	// content keys computed from the batches' token ids, as a relay's own
+	// index does in that mode, so that requests hashed with the same
+	// hasher match. Every replica and relay of a fleet must use the same
+	// key mode and hasher settings, and so must the snapshots they share.
+	ContentKeys *hashing.Hasher
 	// SnapshotInterval, when positive, makes the replica compete for the
 	// snapshot lease of its shard; the holder stores a snapshot in the
 	// object store this often. Zero: the replica only loads snapshots.
@@ -207,14 +215,9 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	obj, err := cfg.JetStream.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket:      cfg.Stream + "_SNAPSHOTS",
-		Description: "kvsource: index snapshots, one object per shard",
-		Storage:     cfg.storage(),
-		Replicas:    cfg.Replicas,
-	})
+	obj, err := cfg.snapshotStore(ctx, cfg.SnapshotInterval > 0)
 	if err != nil {
-		return nil, fmt.Errorf("natsstream: object store %s_SNAPSHOTS: %w", cfg.Stream, err)
+		return nil, err
 	}
 	r := &Replica{cfg: cfg, js: cfg.JetStream, stream: s, obj: obj, log: log, shard: shardName(cfg.Models),
 		ready: make(chan struct{}), joining: map[partKey]*joining{}}
@@ -260,15 +263,44 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	// not expire by this replica's clock: every replica must apply the same
 	// stream to the same index.
 	r.proc, err = events.NewProcessor(events.Config{Sink: r.ix, InitialSeqs: seqs, EnqueueTimeout: 24 * time.Hour, Logger: log,
-		QueueBytes: math.MaxInt64, SnapshotExpiry: time.Duration(math.MaxInt64)})
+		QueueBytes: math.MaxInt64, SnapshotExpiry: time.Duration(math.MaxInt64), ContentKeys: cfg.ContentKeys})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("natsstream: %w", err)
 	}
 	r.initial = seqs
 	r.applied = r.snapSeq.Load()
 	r.appliedPub.Store(r.applied)
 	r.startAt = r.applied + 1
 	return r, nil
+}
+
+// snapshotStore opens the shared snapshot store. Only a snapshotter
+// (store true) creates it or updates its configuration: whoever may update
+// it may also give it a max_age and so delete every shard's snapshots, so
+// a replica opens it as it is, with no right but to read it, and starts
+// cold (nil, no error) while no snapshotter has created it.
+func (c ReplicaConfig) snapshotStore(ctx context.Context, store bool) (jetstream.ObjectStore, error) {
+	bucket := c.Stream + "_SNAPSHOTS"
+	if !store {
+		obj, err := c.JetStream.ObjectStore(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("natsstream: object store %s: %w", bucket, err)
+		}
+		return obj, nil
+	}
+	obj, err := c.JetStream.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      bucket,
+		Description: "kvsource: index snapshots, one object per shard",
+		Storage:     c.storage(),
+		Replicas:    c.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("natsstream: object store %s: %w", bucket, err)
+	}
+	return obj, nil
 }
 
 // shardName names a set of models in lease keys and object names.
@@ -341,6 +373,9 @@ func (r *Replica) loadSnapshot(ctx context.Context) (*index.Index, map[index.Hol
 }
 
 func (r *Replica) loadSnapshotOnce(ctx context.Context) (*index.Index, map[index.Holder]uint64, error) {
+	if r.obj == nil {
+		return nil, nil, nil
+	}
 	name, _, _, ok, err := r.newestSnapshot(ctx)
 	if err != nil || !ok {
 		return nil, nil, err
