@@ -90,7 +90,7 @@ var Counters = []Counter{
 	{"replay_recovered_batches", "Batches applied by repeated replay requests.", func(s *Stats) *uint64 { return &s.ReplayRecovered }, nil, cReplayRecovered},
 	{"unrecovered_gaps", "Gaps replay did not close; the gap policy applied.", func(s *Stats) *uint64 { return &s.Unrecovered },
 		func(h *HolderStatus) *uint64 { return &h.Unrecovered }, cUnrecovered},
-	{"restarts", "Engine restarts (sequences going backwards).", func(s *Stats) *uint64 { return &s.Restarts },
+	{"restarts", "Engine restarts (sequences going backwards, or a holder publishing another model).", func(s *Stats) *uint64 { return &s.Restarts },
 		func(h *HolderStatus) *uint64 { return &h.Restarts }, cRestarts},
 	{"duplicates", "Live batches dropped as already applied from replay.", func(s *Stats) *uint64 { return &s.Duplicates }, nil, cDups},
 	{"queue_full", "Messages dropped because a worker queue, or the queue behind a pod's replay, was full.", func(s *Stats) *uint64 { return &s.QueueFull }, nil, cQueueFull},

@@ -127,7 +127,13 @@
 //     (Config.SnapshotExpiry), so made-up names neither lock real pods out
 //     nor survive restarts. A flood from more hosts than MaxHolders holds
 //     over the per-sender bound can still evict real holders: allow only
-//     the engines' networks.
+//     the engines' networks. A holder's entries are kept under the one
+//     model its stream follows: a message under another model is a new
+//     engine process on the address (an engine serves one model), which
+//     clears the holder in every model and starts its stream again, as a
+//     restart does. So the models a sender fills are bounded by its
+//     holders, and a pod IP reused by another deployment is no source for
+//     the dead engine's model.
 //   - Per-pod state (sequence tracking, connection state, the bind socket's
 //     address table) is bounded by the holders that exist, not by history:
 //     a pod is forgotten with its last holder, so disconnects are tracked
@@ -146,8 +152,11 @@
 //     the connection last came up (StateReconnected until then: a new
 //     engine process on a dead one's address has an empty cache, and its
 //     first message's sequence number shows the restart, which clears the
-//     holder), entries trusted, not in conflict. A snapshot lets a holder
-//     score, never serve.
+//     holder in every model), entries trusted, not in conflict. A snapshot
+//     lets a holder score, never serve. An empty batch numbered 0 that
+//     repeats an applied 0 on a connection that came up since is a
+//     restart, not a heartbeat: a new vLLM or SGLang process numbers from
+//     0, so it is as likely the new process's first batch.
 //
 // What it cannot check: a peer that can send from a pod's own IP (same host,
 // or a spoofed source on a network without ingress filtering, which TCP's
@@ -192,7 +201,8 @@
 // bytes, the same key as its v2_sha256_64); sequence numbers that start
 // far from 0 (TensorRT-LLM's time.time_ns()), which is where a holder
 // joins; and empty heartbeat batches, which are liveness even when they
-// repeat the last number (Stats.Heartbeats). What the payloads do not show
+// repeat the last number (Stats.Heartbeats), except 0 repeating 0 after a
+// reconnect (see the threat model). What the payloads do not show
 // is the pod's Engine (Message.Engine, zmq.PodConfig.Engine): an
 // EngineTRTLLM pod's jump forward by TRTRestartJump or more is a restart,
 // since its numbers restart at the new process's time_ns. Their keys are

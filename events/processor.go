@@ -704,7 +704,7 @@ type Stats struct {
 	ReplayRounds    uint64
 	ReplayRecovered uint64
 	Unrecovered     uint64 // gaps replay did not close; the GapPolicy applied
-	Restarts        uint64 // sequences that went backwards: engine restarts
+	Restarts        uint64 // engine restarts: sequences that went backwards, or a holder publishing another model
 	Duplicates      uint64 // live batches already applied from replay
 	QueueFull       uint64 // messages dropped because a worker queue was full
 	HashChecks      uint64 // hash agreement checks run
@@ -737,7 +737,8 @@ type Stats struct {
 	SnapshotExpired uint64 // InitialSeqs holders never heard from, removed
 	// Heartbeats counts empty batches that repeat the last applied
 	// sequence number (TensorRT-LLM sends an empty batch every 5 s): the
-	// pod is alive, nothing changed.
+	// pod is alive, nothing changed. An empty batch at 0 repeating 0 after
+	// its pod reconnected is a restart instead: a new process's first.
 	Heartbeats uint64
 }
 

@@ -471,10 +471,36 @@ func (w *worker) holder(m *message, rank int) *holder {
 	h.replay, h.engine = m.Replay, m.Engine
 	h.heardAt.Store(time.Now().UnixNano())
 	if h.model != m.Model {
+		if h.model != "" {
+			w.switchModel(h, m.Model, m.Seq)
+		}
 		h.model = m.Model
 		h.statModel.Store(&m.Model)
 	}
 	return h
+}
+
+// switchModel handles the first message of h under another model than
+// its stream's so far. An engine serves one model, so this is a new
+// process on the address (Kubernetes reuses a dead pod's IP for another
+// deployment) with an empty cache, whatever its sequence number says: its
+// entries go, in every model, and its stream starts again as a new
+// holder's. Only the entries under the model a holder's stream follows
+// are ever kept, so that a holder is a source only for blocks its stream
+// vouches for, and a sender's model states are bounded by its holders.
+func (w *worker) switchModel(h *holder, model string, seq uint64) {
+	w.p.c[cRestarts].Add(1)
+	h.c[cRestarts].Add(1)
+	w.p.limited.logf(slog.LevelWarn, "events: engine publishes another model (a new process on the address), clearing its entries",
+		h.id.Pod, "rank", h.id.Rank, "model", logName(h.model), "new_model", logName(model), "seq", seq)
+	w.removeHolder(h.id, h.model)
+	if h.content != nil {
+		h.content.reset()
+	}
+	h.started, h.next, h.liveMax = false, 0, 0
+	h.keepStale, h.resyncing, h.matched = false, false, false
+	h.gpuBlockSize = h.gpuBlockSize[:0]
+	h.setStale()
 }
 
 // handle decodes m and steps its holder's state machine, on another
@@ -490,17 +516,17 @@ func (w *worker) handle(m message) {
 		w.closeMessage(m)
 		return
 	}
-	if m.tracked && w.replays(h, m.Seq) {
+	if m.tracked && w.replays(h, m.Seq, m.epoch) {
 		w.offload(m.Pod, func(ow *worker) {
 			// The payload decoded before; only the buffers differ.
 			_ = ow.dec.Decode(m.Payload, &ow.batch)
-			ow.step(h, m.Seq, m.Payload)
+			ow.step(h, m.Seq, m.epoch, m.Payload)
 			confirm(h, m.epoch)
 			ow.closeMessage(m)
 		})
 		return
 	}
-	w.step(h, m.Seq, m.Payload)
+	w.step(h, m.Seq, m.epoch, m.Payload)
 	confirm(h, m.epoch)
 	w.closeMessage(m)
 }
@@ -514,15 +540,15 @@ func confirm(h *holder, epoch uint64) {
 	}
 }
 
-// replays reports whether step(h, seq) would replay.
-func (w *worker) replays(h *holder, seq uint64) bool {
+// replays reports whether step(h, seq, epoch) would replay.
+func (w *worker) replays(h *holder, seq, epoch uint64) bool {
 	if !w.canReplay(h) || h.conflict.Load() {
 		return false
 	}
 	switch {
 	case !h.started:
 		return seq != 0
-	case seq == h.next, w.heartbeat(h, seq):
+	case seq == h.next, w.heartbeat(h, seq, epoch):
 		return false
 	case seq > h.next:
 		return true
@@ -532,15 +558,16 @@ func (w *worker) replays(h *holder, seq uint64) bool {
 	return seq != 0
 }
 
-// step applies w.batch, batch seq of h (payload as received), after what
-// its sequence number says about the batches before it.
-func (w *worker) step(h *holder, seq uint64, payload []byte) {
+// step applies w.batch, batch seq of h (payload as received, handed at
+// Processor.epoch epoch), after what its sequence number says about the
+// batches before it.
+func (w *worker) step(h *holder, seq, epoch uint64, payload []byte) {
 	switch {
 	case !h.started:
 		h.started = true
 		w.catchUp(h, seq)
 	case seq == h.next:
-	case w.heartbeat(h, seq):
+	case w.heartbeat(h, seq, epoch):
 		w.p.c[cHeartbeats].Add(1)
 		return
 	case h.engine == EngineTRTLLM && seq > h.next && seq-h.next >= TRTRestartJump:
@@ -577,11 +604,31 @@ func (w *worker) step(h *holder, seq uint64, payload []byte) {
 	w.apply(h, &w.batch, seq, payload)
 }
 
-// heartbeat reports whether batch seq of h, in w.batch, is an empty batch
-// repeating the last applied number: a heartbeat of the same process,
-// which must not read as a restart.
-func (w *worker) heartbeat(h *holder, seq uint64) bool {
-	return len(w.batch.Events) == 0 && h.hasSeq.Load() && seq+1 == h.next
+// heartbeat reports whether batch seq of h, in w.batch, handed at epoch,
+// is an empty batch repeating the last applied number: a heartbeat of the
+// same process, which must not read as a restart.
+//
+// Except 0 repeating 0 on a connection that came up since h last
+// confirmed a message: vLLM and SGLang number a new process's batches
+// from 0, so that is as likely a new process's first batch, an empty one,
+// as its predecessor's heartbeat, and only the restart keeps the index a
+// subset of the engine's blocks (a heartbeat would make the dead
+// process's blocks a source again). TensorRT-LLM numbers from its start
+// time, and no new process starts at a later number: those stay
+// heartbeats.
+func (w *worker) heartbeat(h *holder, seq, epoch uint64) bool {
+	if len(w.batch.Events) != 0 || !h.hasSeq.Load() || seq+1 != h.next {
+		return false
+	}
+	if seq != 0 {
+		return true
+	}
+	ps := h.ps.Load()
+	if ps == nil {
+		return true
+	}
+	up := ps.upAt.Load()
+	return h.confirmed.Load() >= up || epoch < up
 }
 
 // catchUp fetches, when the pod has a replay endpoint, the batches before
@@ -627,7 +674,10 @@ func (w *worker) restart(h *holder, seq uint64) {
 	}
 	w.p.limited.logf(slog.LevelWarn, "events: engine restarted (its sequence "+how+" an applied number), clearing its entries",
 		h.id.Pod, "rank", h.id.Rank, "last_applied_seq", h.next-1, "seq", seq)
-	w.p.cfg.Sink.ClearHolder(h.model, h.id, "")
+	// In every model: a new process's cache is empty, and a snapshot may
+	// have brought the holder in under a model its new stream does not
+	// follow.
+	w.removeHolder(h.id, h.model)
 	if h.content != nil {
 		h.content.reset()
 	}

@@ -103,7 +103,8 @@
 // or a holder's eviction queue names it (until that queue is compacted). Config.HolderCapacity (or SetHolderCapacity: the
 // pod's real cache size in blocks) caps one holder; Config.MaxHolderBlocks
 // caps the total, or Config.MemoryBytes in bytes, at HolderBlockBytes a
-// holding. Past either, the oldest holdings are evicted (the
+// holding, each model's state counting as about 9 KiB of holdings
+// (a model is freed with its last holder, RemoveHolder). Past either, the oldest holdings are evicted (the
 // largest holder's, for the total), counted in Stats and logged at debug
 // level, so lost removal events cannot grow the index without bound. A
 // holding removed and stored again keeps its first place in that order

@@ -54,7 +54,8 @@ type Config struct {
 	// bounds its resident set by also giving the Go runtime a memory limit
 	// above it (runtime/debug.SetMemoryLimit), or garbage of replaced
 	// tables may double it. A shared block (see ShareThreshold) counts as
-	// a few holdings more than its holders' own.
+	// a few holdings more than its holders' own, and each model's state
+	// as about 8 KiB of holdings (a model is freed with its last holder).
 	MemoryBytes int64
 	// ShareThreshold is how many holders must hold a block before the
 	// index keeps it once for all of them (see Stats.SharedBlocks): a
@@ -98,6 +99,9 @@ type Index struct {
 	capMu  sync.Mutex // serialises SetHolderCapacity
 	total  atomic.Int64
 	shared atomic.Int64 // shared blocks held, over all models
+	// modelBytes is what the model states cost, modelStateBytes and the
+	// name each: with MemoryBytes, they count in the budget.
+	modelBytes atomic.Int64
 
 	stored, removed, cleared       atomic.Uint64
 	evictedCapacity, evictedBudget atomic.Uint64
@@ -117,7 +121,19 @@ type modelState struct {
 	roots   *xsync.Map[uint64, *rootSet]
 	rootMu  sync.Mutex
 	layer   *layer
+	// dead: RemoveHolder removed its last holder and took it out of
+	// Index.models, under mu; a holder made in it would be lost.
+	dead bool
 }
+
+// modelStateBytes is what one model's state costs with its first
+// holder's, their holdings and the model's name aside: about 7.7 KiB for
+// the model's maps' and layer's first tables and 1.3 KiB for the holder's,
+// measured by TestModelStatesCountInTheMemoryBudget. A peer naming a new
+// model per message would otherwise grow the index past MemoryBytes with
+// no holding to evict. (A model's further holders are bounded by the
+// holders a processor follows, events.Config.MaxHolders.)
+const modelStateBytes = 9 << 10
 
 // New returns an empty index.
 func New(cfg Config) *Index {
@@ -168,6 +184,7 @@ func (ix *Index) model(name string, create bool) *modelState {
 		return ms
 	}
 	ms, _ := ix.models.LoadOrCompute(name, func() (*modelState, bool) {
+		ix.modelBytes.Add(modelStateBytes + int64(len(name)))
 		ms := &modelState{holders: xsync.NewMap[Holder, *holderState](), roots: xsync.NewMap[uint64, *rootSet](), layer: newLayer(&ix.shared)}
 		empty := []*holderState{}
 		ms.list.Store(&empty)
@@ -186,17 +203,22 @@ func (ix *Index) capacityOf(h Holder) int64 {
 // lockHolder returns h's state for model, locked, creating it when create
 // is set; nil when absent.
 func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
-	ms := ix.model(model, create)
-	if ms == nil {
-		return nil
-	}
 	for {
+		ms := ix.model(model, create)
+		if ms == nil {
+			return nil
+		}
 		hs, ok := ms.holders.Load(h)
 		if !ok {
 			if !create {
 				return nil
 			}
 			ms.mu.Lock()
+			if ms.dead {
+				// Freed since it was loaded: a new state takes its place.
+				ms.mu.Unlock()
+				continue
+			}
 			hs, ok = ms.holders.Load(h)
 			if !ok {
 				// SetHolderCapacity updates holders under ms.mu too: it
@@ -401,7 +423,7 @@ func (ix *Index) enforce(model string, hs *holderState) {
 	}
 	over := ix.total.Load() - ix.budget
 	if ix.cfg.MemoryBytes > 0 {
-		over += ix.shared.Load() * sharedBlockHoldings
+		over += ix.shared.Load()*sharedBlockHoldings + ix.modelBytes.Load()/HolderBlockBytes
 	}
 	if over <= 0 {
 		return
@@ -562,13 +584,14 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 	hs.publish()
 }
 
-// RemoveHolder forgets h in every model, e.g. when its pod is gone.
+// RemoveHolder forgets h in every model, e.g. when its pod is gone. A
+// model left with no holder is freed.
 func (ix *Index) RemoveHolder(h Holder) {
-	ix.models.Range(func(_ string, ms *modelState) bool {
+	ix.models.Range(func(name string, ms *modelState) bool {
 		ms.mu.Lock()
 		hs, ok := ms.holders.LoadAndDelete(h)
 		if ok {
-			ms.unlist(hs)
+			ix.unlist(name, ms, hs)
 		}
 		ms.mu.Unlock()
 		if ok {
@@ -599,8 +622,9 @@ func (ix *Index) RemoveHolder(h Holder) {
 	})
 }
 
-// unlist takes hs out of ms's list. ms.mu is held.
-func (ms *modelState) unlist(hs *holderState) {
+// unlist takes hs out of ms's list, once hs has left ms.holders, and
+// frees ms when no holder is left. ms.mu is held.
+func (ix *Index) unlist(name string, ms *modelState, hs *holderState) {
 	list := *ms.list.Load()
 	next := make([]*holderState, 0, len(list))
 	for _, x := range list {
@@ -609,6 +633,19 @@ func (ms *modelState) unlist(hs *holderState) {
 		}
 	}
 	ms.list.Store(&next)
+	if len(next) == 0 {
+		// A model nobody holds is freed (a made-up model name costs
+		// nothing once its holders are gone); under mu, so that no
+		// holder is made in it meanwhile.
+		ms.dead = true
+		ix.models.Compute(name, func(cur *modelState, loaded bool) (*modelState, xsync.ComputeOp) {
+			if !loaded || cur != ms {
+				return cur, xsync.CancelOp
+			}
+			ix.modelBytes.Add(-(modelStateBytes + int64(len(name))))
+			return cur, xsync.DeleteOp
+		})
+	}
 }
 
 // knows reports whether the index keeps state for h under model.
@@ -660,7 +697,7 @@ func (ix *Index) forgetGuesser(model string, h Holder) {
 	ms.mu.Lock()
 	if cur, ok := ms.holders.Load(h); ok && cur == hs {
 		ms.holders.Delete(h)
-		ms.unlist(hs)
+		ix.unlist(model, ms, hs)
 	}
 	ms.mu.Unlock()
 }

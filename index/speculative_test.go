@@ -195,7 +195,8 @@ func TestSpeculativeBlocksNeitherCountInTheHoldersCapacityNorEvictStoredBlocks(t
 	}{
 		{"holder capacity", Config{HolderCapacity: 10}},
 		{"holding budget", Config{MaxHolderBlocks: 10}},
-		{"memory budget", Config{MemoryBytes: 10 * HolderBlockBytes}},
+		// The budget holds the model's state and the 10 stored blocks.
+		{"memory budget", Config{MemoryBytes: modelStateBytes + int64(len("m")) + 10*HolderBlockBytes}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -207,3 +207,72 @@ func TestConnectModeBoundsTheHoldersOfOnePod(t *testing.T) {
 	requireKeys(t, sink, "m", h, "GPU", 1)
 	require.Zero(t, s.Stats().Evicted)
 }
+
+// A new engine process on a dead one's address that serves another model
+// (Kubernetes reuses pod IPs), or whose first batch is an empty one at 0
+// where its predecessor's last was 0, inherits none of the dead process's
+// blocks: a source again for its own only. vLLM's map layout and SGLang's
+// array layout; the subscriber binding and connecting.
+func TestARestartedEngineInheritsNoBlocksOfAnotherModelOrThroughAnEmptyFirstBatch(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"bind", "connect"} {
+		for _, tc := range []struct {
+			name   string
+			layout events.Layout
+			model  string // the new process's
+			first  events.Batch
+		}{
+			{"vllm another model", events.LayoutMap, "m2", stored(0, nil, 9)},
+			{"sglang another model", events.LayoutArray, "m2", stored(0, nil, 9)},
+			{"sglang empty first batch at 0", events.LayoutArray, "m", events.Batch{TS: 1, DPRank: events.Some(0)}},
+		} {
+			t.Run(mode+" "+tc.name, func(t *testing.T) {
+				t.Parallel()
+				port := testenv.FreePort(t)
+				sink := eventstest.NewRecSink()
+				pod := "127.0.0.1:8000"
+				h := index.Holder{Pod: pod}
+				engine := func(model string) *Publisher {
+					cfg := PublisherConfig{Topic: "kv@" + pod + "@" + model, Layout: tc.layout}
+					if mode == "bind" {
+						cfg.Connect = localEP(port)
+					} else {
+						cfg.Bind = localEP(port)
+					}
+					return newPublisher(t, cfg)
+				}
+				var s *Subscriber
+				var old *Publisher
+				if mode == "bind" {
+					s = startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink}, Bind: []string{localEP(port)}})
+					old = engine("m")
+				} else {
+					old = engine("m")
+					s = startSubscriber(t, SubscriberConfig{Events: events.Config{Sink: sink}})
+					require.NoError(t, s.AddPod(pod, localEP(port), ""))
+				}
+				// Its only batch, numbered 0, as an engine that served one
+				// request before it died.
+				require.NoError(t, old.WaitSubscribed(t.Context()))
+				publish(t, old, stored(0, nil, 1, 2, 3))
+				requireKeys(t, sink, "m", h, "GPU", 1, 2, 3)
+				require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateLive }, waitLong, 5*time.Millisecond)
+
+				require.NoError(t, old.Close())
+				require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond)
+				fresh := engine(tc.model)
+				require.NoError(t, fresh.WaitSubscribed(t.Context()))
+				publish(t, fresh, tc.first)
+				require.Eventually(t, func() bool { return s.Stats().Batches+s.Stats().Heartbeats >= 2 }, waitLong, 5*time.Millisecond)
+				require.NoError(t, s.Sync(t.Context()))
+				require.Empty(t, sink.Keys("m", h, "GPU"), "the new process inherited the dead one's blocks (state %s)", statusOf(s, h).State)
+				if tc.model != "m" {
+					requireKeys(t, sink, tc.model, h, "GPU", 9)
+				}
+				require.Eventually(t, func() bool { _, ok := s.Source(h); return ok }, waitLong, 5*time.Millisecond)
+				require.Equal(t, tc.model, statusOf(s, h).Model)
+				require.Equal(t, uint64(1), statusOf(s, h).Restarts)
+			})
+		}
+	}
+}
