@@ -120,6 +120,9 @@
 // back, shared blocks shared again, rejecting a corrupt or foreign file
 // with ErrBadSnapshot and loading nothing. Files of format 1 (before
 // shared blocks) load; a build that reads only format 1 refuses format 2
-// with ErrSnapshotVersion. A restarted router loads its snapshot and asks each engine to
-// replay what it missed after the saved sequence.
+// with ErrSnapshotVersion. Saving leaves each holder's eviction order as
+// it was, and the file keeps that order: the saving index and the loaded
+// copy evict next what the index would have without the save. A restarted
+// router loads its snapshot and asks each engine to replay what it missed
+// after the saved sequence.
 package index
