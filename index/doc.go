@@ -77,10 +77,12 @@
 // Readers (Lookup, Run, Holders, HoldersAt, HolderBlocks, Stats) take no
 // lock and never wait for writers: each holder's blocks live in hash tables
 // written by one writer and read with atomic loads; a growing table is
-// rebuilt aside and swapped in. The layer is read the same way; its
-// writers (any holder's store, removal or eviction of a shared block)
-// serialise on a per-model mutex readers never touch, taken after the
-// holder's. A model's roots are lists copied on
+// rebuilt aside and swapped in. The layer is read the same way; writes of
+// shared blocks (a store, removal or eviction of one, or a store of a
+// block it may share: a chain start or a shared block's child) serialise
+// on a per-model mutex readers never touch, taken after the holder's and
+// held for those blocks alone, so that the holders of a shared system
+// prompt write their own blocks in parallel. A model's roots are lists copied on
 // removal and published atomically; their writers (a store that starts a
 // chain, a rebuild or clear that drops one) take a per-model mutex readers
 // never touch. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
