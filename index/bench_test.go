@@ -268,8 +268,17 @@ func (l *latencies) quantile(q float64) int64 {
 //   - fleet: the same for 64 holders in turn, 4Mi holdings, so that tables
 //     no longer fit in the CPU caches;
 //   - evict: 64 holders without removals, so their 64Ki capacity evicts
-//     their oldest blocks, parents first.
+//     their oldest blocks, parents first;
+//   - fleet-parallel: fleet with one writer goroutine per GOMAXPROCS, each
+//     with its own holders, as the events package runs one per holder;
+//   - fleet-shared-prefix: fleet-parallel where every chain continues a
+//     32-block system prompt all 64 holders hold, shared in the layer
+//     (64 holders is the default share threshold). Its holders' own
+//     blocks are in their tables, so -cpu 1,2 should scale as
+//     fleet-parallel does.
 func BenchmarkAdd(b *testing.B) {
+	b.Run("fleet-parallel", func(b *testing.B) { benchAddParallel(b, 0) })
+	b.Run("fleet-shared-prefix", func(b *testing.B) { benchAddParallel(b, 32) })
 	cases := []struct {
 		name     string
 		holders  int
@@ -345,6 +354,99 @@ func BenchmarkAdd(b *testing.B) {
 				b.ReportMetric(float64(stored)/cpu.Seconds(), "blocks/cpu-s")
 			}
 		})
+	}
+}
+
+// benchAddParallel is BenchmarkAdd's fleet with GOMAXPROCS writers, each
+// storing for its own share of the 64 holders, their chains continuing a
+// system prompt of prompt blocks (none for 0) that every holder holds.
+func benchAddParallel(b *testing.B, prompt int) {
+	const holders, batch, chainLen, limit = 64, 16, 256, 1 << 16
+	ix := New(Config{MaxHolderBlocks: -1})
+	sys := chain(0x5157, prompt)
+	hs := make([]Holder, holders)
+	for i := range hs {
+		hs[i] = Holder{Pod: fmt.Sprintf("10.3.1.%d:8000", i)}
+		for j := 0; j < prompt; j += batch {
+			ix.Store(Blocks{Model: "m", Holder: hs[i], Tier: TierGPU, Parent: parentIf(j > 0, sys[max(j-1, 0)]), Keys: sys[j:min(j+batch, prompt)]})
+		}
+	}
+	if got := ix.Stats().SharedBlocks; got != int64(prompt) {
+		b.Fatalf("%d shared blocks, want the %d of the system prompt", got, prompt)
+	}
+	pool := make([][]uint64, 4096)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range pool {
+		pool[i] = chain(rng.Uint64(), chainLen)
+	}
+	workers := runtime.GOMAXPROCS(0)
+	if workers > holders {
+		b.Skipf("%d writers for %d holders", workers, holders)
+	}
+	var worker atomic.Int64
+	var stored atomic.Int64
+	start, cpu0 := time.Now(), cpuTime()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		w := int(worker.Add(1) - 1)
+		type holderLoad struct {
+			h      Holder
+			chains [][]uint64 // oldest first
+			cur    []uint64
+			off    int
+			blocks int
+		}
+		var mine []*holderLoad
+		for i := w % workers; i < holders; i += workers {
+			mine = append(mine, &holderLoad{h: hs[i]})
+		}
+		rng := rand.New(rand.NewPCG(uint64(w), 7))
+		n := 0
+		for i := 0; pb.Next(); i++ {
+			l := mine[i%len(mine)]
+			if l.off == len(l.cur) {
+				// Pool chains are salted so that keys stay unique.
+				src := pool[rng.IntN(len(pool))]
+				salt := rng.Uint64()
+				l.cur = make([]uint64, len(src))
+				for j, k := range src {
+					l.cur[j] = k ^ salt
+				}
+				l.off = 0
+				l.chains = append(l.chains, l.cur)
+			}
+			parent := Parent{}
+			switch {
+			case l.off > 0:
+				parent = ParentKey(l.cur[l.off-1])
+			case prompt > 0:
+				parent = ParentKey(sys[prompt-1])
+			}
+			ix.Store(Blocks{Model: "m", Holder: l.h, Tier: TierGPU, Parent: parent, Keys: l.cur[l.off : l.off+batch]})
+			l.off += batch
+			l.blocks += batch
+			n += batch
+			if l.blocks > limit {
+				// Leaf first, as vLLM frees a request's blocks; the
+				// system prompt stays.
+				old := l.chains[0]
+				slices.Reverse(old)
+				for j := 0; j < len(old); j += batch {
+					ix.Remove("m", l.h, TierGPU, 0, old[j:j+batch])
+				}
+				l.chains = l.chains[1:]
+				l.blocks -= len(old)
+			}
+		}
+		stored.Add(int64(n))
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(stored.Load())/time.Since(start).Seconds(), "blocks/s")
+	if cpu := cpuTime() - cpu0; cpu > 0 {
+		b.ReportMetric(float64(stored.Load())/cpu.Seconds(), "blocks/cpu-s")
+	}
+	if got := ix.Stats().SharedBlocks; got != int64(prompt) {
+		b.Fatalf("%d shared blocks after the run, want %d", got, prompt)
 	}
 }
 

@@ -77,10 +77,12 @@
 // Readers (Lookup, Run, Holders, HoldersAt, HolderBlocks, Stats) take no
 // lock and never wait for writers: each holder's blocks live in hash tables
 // written by one writer and read with atomic loads; a growing table is
-// rebuilt aside and swapped in. The layer is read the same way; its
-// writers (any holder's store, removal or eviction of a shared block)
-// serialise on a per-model mutex readers never touch, taken after the
-// holder's. A model's roots are lists copied on
+// rebuilt aside and swapped in. The layer is read the same way; writes of
+// shared blocks (a store, removal or eviction of one, or a store of a
+// block it may share: a chain start or a shared block's child) serialise
+// on a per-model mutex readers never touch, taken after the holder's and
+// held for those blocks alone, so that the holders of a shared system
+// prompt write their own blocks in parallel. A model's roots are lists copied on
 // removal and published atomically; their writers (a store that starts a
 // chain, a rebuild or clear that drops one) take a per-model mutex readers
 // never touch. Writers (Store, Remove, ClearHolder, RemoveHolder) serialise
@@ -135,6 +137,9 @@
 // back, shared blocks shared again, rejecting a corrupt or foreign file
 // with ErrBadSnapshot and loading nothing. Files of format 1 (before
 // shared blocks) load; a build that reads only format 1 refuses format 2
-// with ErrSnapshotVersion. A restarted router loads its snapshot and asks each engine to
-// replay what it missed after the saved sequence.
+// with ErrSnapshotVersion. Saving leaves each holder's eviction order as
+// it was, and the file keeps that order: the saving index and the loaded
+// copy evict next what the index would have without the save. A restarted
+// router loads its snapshot and asks each engine to replay what it missed
+// after the saved sequence.
 package index

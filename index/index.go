@@ -484,18 +484,23 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 	var n int64
 	ly, lane := hs.ms.layer, -1
 	var id uint32
-	locked := false
 	if v := hs.lid.Load(); v != 0 && ly.active() {
-		ly.mu.Lock()
-		locked = true
 		lane, id = ly.laneOf(tier), v-1
 	}
+	// The layer's mutex is taken at the first block hs holds there, and
+	// only then: hs's layer holdings change only under hs's mutex, so
+	// finding them needs no other.
+	locked := false
 	// A chain listed parent first is removed child first, so that no
 	// block is briefly a gap: gaps make concurrent lookups search again.
 	chained := true
 	for j, k := range keys {
 		if lane >= 0 {
 			if en, e := ly.find(k); en != nil && en.lanes[lane].has(id) {
+				if !locked {
+					ly.mu.Lock()
+					locked = true
+				}
 				if hs.removeLaneGroup(ly, e, lane, group) {
 					n++
 				}
@@ -510,6 +515,9 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 			chained = false
 		}
 	}
+	if locked {
+		ly.mu.Unlock()
+	}
 	hs.scratch = slots
 	for j := range slots {
 		if chained {
@@ -518,9 +526,6 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		if i := int(slots[j]); i >= 0 && ts.removeGroup(t, i, keys[j], group) {
 			n++
 		}
-	}
-	if locked {
-		ly.mu.Unlock()
 	}
 	if n > 0 {
 		if !ts.guess {

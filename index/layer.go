@@ -33,7 +33,10 @@ import (
 //
 // Readers load every word atomically and take no lock; writers (stores,
 // removals and evictions of any holder of the model) serialise on the
-// layer's mutex, taken after a holder's and before none.
+// layer's mutex, taken after a holder's and before none, while they write
+// blocks that are or may become shared (see storeShared). A writer finds
+// its holder's own layer holdings without it: only writers holding the
+// holder's mutex change them.
 
 const (
 	// DefaultShareThreshold is Config.ShareThreshold's default.

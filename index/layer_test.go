@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -440,4 +441,80 @@ func TestMovingAChainToTheLayerRebuildsTheTableAFewTimes(t *testing.T) {
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64*n*16), "bytes allocated moving %d blocks", n)
 	require.Equal(t, int64(n), ix.Stats().SharedBlocks)
 	checkInvariants(t, ix, 0)
+}
+
+// TestWritersOfUnsharedBlocksDoNotWaitForTheLayer holds a model's layer
+// mutex, as a writer promoting or evicting a shared block does, and
+// checks that a holder of the model's shared system prompt still stores
+// and removes its own blocks, and stores the prompt again: none of them
+// touches a block the layer may take. Each used to take the mutex for the
+// whole call, so one shared block serialised all the model's writers.
+func TestWritersOfUnsharedBlocksDoNotWaitForTheLayer(t *testing.T) {
+	a, b := Holder{Pod: "10.12.0.1:8000"}, Holder{Pod: "10.12.0.2:8000"}
+	system := chain(21, 16)
+	own := make([]uint64, 48)
+	for i := range own {
+		own[i] = chainKey(system[len(system)-1]+uint64(i), 4)
+		if i > 0 {
+			own[i] = chainKey(own[i-1], 4)
+		}
+	}
+	cases := []struct {
+		name string
+		op   func(ix *Index)
+		// a's blocks after the op, and how many of system and own it holds.
+		blocks, systemRun, ownRun int
+	}{
+		{"a store of its own blocks", func(ix *Index) {
+			ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Parent: ParentKey(own[15]), Keys: own[16:]})
+		}, 64, 16, 48},
+		{"a removal of its own blocks", func(ix *Index) {
+			ix.Remove("m", a, TierGPU, 0, own[8:16])
+		}, 24, 16, 8},
+		{"a store of shared blocks it holds", func(ix *Index) {
+			ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: system})
+		}, 32, 16, 16},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := New(Config{ShareThreshold: 2, MaxHolderBlocks: -1})
+			for _, h := range []Holder{a, b} {
+				ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: system})
+			}
+			// The first own block continues a shared one: a store of it
+			// may share it, so it takes the mutex.
+			ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Parent: ParentKey(system[15]), Keys: own[:16]})
+			require.Equal(t, int64(16), ix.Stats().SharedBlocks)
+
+			ly := ix.model("m", false).layer
+			ly.mu.Lock()
+			held := true
+			defer func() {
+				if held {
+					ly.mu.Unlock()
+				}
+			}()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				tc.op(ix)
+			}()
+			require.Eventually(t, func() bool {
+				select {
+				case <-done:
+					return true
+				default:
+					return false
+				}
+			}, 10*time.Second, time.Millisecond, "the writer waits for the layer's mutex")
+			held = false
+			ly.mu.Unlock()
+
+			checkInvariants(t, ix, 0)
+			require.Equal(t, map[string]int{TierGPU: tc.blocks}, ix.HolderBlocks("m", a))
+			require.Equal(t, tc.systemRun, ix.Run("m", a, system, 0, nil))
+			require.Equal(t, tc.ownRun, ix.Run("m", a, append(slices.Clone(system), own...), 16, nil))
+			require.Equal(t, int64(16), ix.Stats().SharedBlocks)
+		})
+	}
 }

@@ -198,6 +198,15 @@ func (ly *layer) migrate(holders []*holderState, tier string, key uint64, e int,
 // keys[0] may start one: each block goes to the layer when it is there (or
 // enough holders hold it to put it there) and b is for group 0, else to
 // hs's table for tier ti, ts. hs is locked. It returns the holdings added.
+//
+// The layer's mutex is held only across blocks that may be shared: blocks
+// the layer has, and those a store may put there (see mayShare). The rest,
+// such as a holder's own blocks after a shared prefix, go to the table
+// without it, so that the model's other writers proceed meanwhile. What
+// they read of the layer without the mutex is hs's own holdings, which
+// change only under hs's mutex; an entry another writer creates for one of
+// them meanwhile finds hs busy and leaves its table holding, as migrate
+// does for any holder busy writing.
 func (ix *Index) storeShared(b Blocks, hs *holderState, ti int, ts *tierState) int64 {
 	keys, group := b.Keys, b.Group
 	t := ts.tab.Load()
@@ -205,8 +214,12 @@ func (ix *Index) storeShared(b Blocks, hs *holderState, ti int, ts *tierState) i
 		t = hs.rehash(ti, 2*len(keys)+1, false)
 	}
 	ly := hs.ms.layer
-	ly.mu.Lock()
-	defer ly.mu.Unlock()
+	locked := false
+	defer func() {
+		if locked {
+			ly.mu.Unlock()
+		}
+	}()
 	bit := groupBit(group)
 	lane := ly.laneOf(ts.name)
 	var added int64
@@ -228,12 +241,24 @@ func (ix *Index) storeShared(b Blocks, hs *holderState, ti int, ts *tierState) i
 		}
 		si, found := t.probe(k)
 		toLayer := false
-		if bit == 1 && !(found && held(t.slots[si].loadMeta())) {
+		root := i == 0 && !hasParent
+		if bit == 1 && !(found && held(t.slots[si].loadMeta())) && (en != nil || ix.mayShare(hs, k, root, pentry)) {
+			if !locked {
+				ly.mu.Lock()
+				locked = true
+				// What was found without the mutex may have been freed
+				// or created since.
+				en, e = ly.find(k)
+				if hasParent {
+					_, pentry = ly.find(pkey)
+				}
+				lane = ly.laneOf(ts.name)
+			}
 			switch {
 			case en != nil:
 				toLayer = lane >= 0
 			case ix.share > 0:
-				hits := ix.sharers(ly, hs, ts.name, k, i == 0 && !hasParent, pentry)
+				hits := ix.sharers(ly, hs, ts.name, k, root, pentry)
 				if len(hits) < ix.share-1 {
 					break
 				}
@@ -255,6 +280,10 @@ func (ix *Index) storeShared(b Blocks, hs *holderState, ti int, ts *tierState) i
 			pkey, hasParent, pslot, pentry = k, true, -2, e
 			continue
 		}
+		if locked {
+			ly.mu.Unlock()
+			locked = false
+		}
 		if pslot == -2 {
 			pslot = -1
 			if hasParent {
@@ -273,4 +302,22 @@ func (ix *Index) storeShared(b Blocks, hs *holderState, ti int, ts *tierState) i
 		pkey, hasParent, pentry = k, true, e
 	}
 	return added
+}
+
+// mayShare reports whether a store may put key, not in the layer, there:
+// whether sharers may find enough holders of it. It asks sharers' sources
+// without the layer's mutex, so a holder that starts a chain at key or an
+// entry pentry (the block before key's, -1 for none) created meanwhile may
+// be missed: a later store of key finds them.
+func (ix *Index) mayShare(hs *holderState, key uint64, root bool, pentry int) bool {
+	switch {
+	case ix.share <= 0:
+		return false
+	case ix.share == 1:
+		return true
+	case root:
+		return len(hs.ms.rootHolders(key)) >= ix.share-1
+	default:
+		return pentry >= 0
+	}
 }

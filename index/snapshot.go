@@ -223,79 +223,26 @@ func (hs *holderState) encode(e *encoder) {
 		e.uvarint(0)
 		return
 	}
-	hs.compact()
-	if hs.lid.Load() == 0 {
-		// The common case, without shared blocks: compacted, the FIFO
-		// names held slots alone.
-		n := 0
-		for r := range hs.fifoSlot {
-			if newTier[hs.fifoTier[r]] >= 0 {
-				n++
-			}
-		}
-		e.uvarint(uint64(n))
-		for r := range hs.fifoSlot {
-			ti := hs.fifoTier[r]
-			if newTier[ti] < 0 {
-				continue
-			}
-			e.raw([]byte{byte(newTier[ti])})
-			e.uvarint(uint64(saved[ti][hs.fifoSlot[r]] - 1))
-		}
-		return
+	var ly *layer
+	if hs.lid.Load() != 0 {
+		ly = hs.ms.layer
+		ly.mu.Lock()
+		defer ly.mu.Unlock()
 	}
-	ly := hs.ms.layer
-	ly.mu.Lock()
-	defer ly.mu.Unlock()
 	// tierOfLane maps a lane to the holder's tier of its name.
 	var tierOfLane [layerLanes]int
 	for l := range tierOfLane {
 		tierOfLane[l] = -1
 		for ti, ts := range all {
-			if ts.name == ly.laneName(l) {
+			if ly != nil && ts.name == ly.laneName(l) {
 				tierOfLane[l] = newTier[ti]
 			}
 		}
 	}
-	id := hs.lid.Load() - 1
-	// each calls f with every entry the FIFO names, in order; a slot's
-	// holding moved to the layer is named by the layer entry.
-	each := func(f func(ti int, slot uint32, shared int, lane int)) {
-		for r := hs.head; r < len(hs.fifoSlot); r++ {
-			t, i := hs.fifoTier[r], hs.fifoSlot[r]
-			switch {
-			case t < fifoLayer:
-				if newTier[t] < 0 {
-					continue
-				}
-				tab := all[t].tab.Load()
-				if m := tab.slots[i].loadMeta(); held(m) {
-					f(int(t), i, -1, -1)
-				} else if m&metaMigrated != 0 {
-					lane := ly.laneOf(all[t].name)
-					if en, x := ly.find(tab.slots[i].loadKey()); en != nil && lane >= 0 && en.lanes[lane].has(id) {
-						f(int(t), 0, x, lane)
-					}
-				}
-			case t == fifoRun:
-				first, lane, cnt := hs.runAt(r)
-				for x := range cnt {
-					if ly.at(first + x).lanes[lane].has(id) {
-						f(-1, 0, int(first+x), lane)
-					}
-				}
-				r++
-			default:
-				if ly.at(i).lanes[t-fifoLayer].has(id) {
-					f(-1, 0, int(i), int(t-fifoLayer))
-				}
-			}
-		}
-	}
 	n := 0
-	each(func(int, uint32, int, int) { n++ })
+	hs.evictionOrder(all, newTier, ly, func(int, uint32, int, int) { n++ })
 	e.uvarint(uint64(n))
-	each(func(ti int, slot uint32, x int, lane int) {
+	hs.evictionOrder(all, newTier, ly, func(ti int, slot uint32, x int, lane int) {
 		if x < 0 {
 			e.raw([]byte{byte(newTier[ti])})
 			e.uvarint(uint64(saved[ti][slot] - 1))
@@ -316,6 +263,67 @@ func (hs *holderState) encode(e *encoder) {
 			e.varint(int64(g))
 		}
 	})
+}
+
+// evictionOrder calls f with each holding of hs in the tiers newTier
+// keeps (>= 0), in the order evictions would take them: at the first
+// queue entry that names it, from head on. A table holding is f(ti, slot,
+// -1, -1), a layer holding f(-1, 0, entry, lane). ly is hs's layer,
+// locked, or nil when hs has no layer holdings.
+//
+// The queue is read, not compacted: compacting keeps a holding's newest
+// entry, so a holding removed and stored again, which evictions take at
+// its first entry, would move back in the saving index's order.
+func (hs *holderState) evictionOrder(all []*tierState, newTier []int, ly *layer, f func(ti int, slot uint32, x int, lane int)) {
+	seen := make([][]uint64, len(all))
+	for ti, ts := range all {
+		if newTier[ti] >= 0 {
+			seen[ti] = make([]uint64, (len(ts.tab.Load().slots)+63)/64)
+		}
+	}
+	var id uint32
+	var seenLayer map[uint64]bool
+	if ly != nil {
+		id = hs.lid.Load() - 1
+		seenLayer = make(map[uint64]bool)
+	}
+	layerHolding := func(x uint32, lane int) {
+		if k := layerGroupKey(x, lane); !seenLayer[k] && ly.at(x).lanes[lane].has(id) {
+			seenLayer[k] = true
+			f(-1, 0, int(x), lane)
+		}
+	}
+	for r := hs.head; r < len(hs.fifoSlot); r++ {
+		t, i := hs.fifoTier[r], hs.fifoSlot[r]
+		switch {
+		case t < fifoLayer:
+			if newTier[t] < 0 || seen[t][i/64]&(1<<(i%64)) != 0 {
+				continue
+			}
+			tab := all[t].tab.Load()
+			switch m := tab.slots[i].loadMeta(); {
+			case held(m):
+				seen[t][i/64] |= 1 << (i % 64)
+				f(int(t), i, -1, -1)
+			case m&metaMigrated != 0 && ly != nil:
+				// The slot's holding moved to the layer; the entry names
+				// the layer holding.
+				if lane := ly.laneOf(all[t].name); lane >= 0 {
+					if en, x := ly.find(tab.slots[i].loadKey()); en != nil {
+						layerHolding(uint32(x), lane)
+					}
+				}
+			}
+		case t == fifoRun:
+			first, lane, cnt := hs.runAt(r)
+			for x := range cnt {
+				layerHolding(first+x, lane)
+			}
+			r++
+		default:
+			layerHolding(i, int(t-fifoLayer))
+		}
+	}
 }
 
 func sortedHolders[V any](m map[Holder]V) []Holder {

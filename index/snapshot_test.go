@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -322,5 +323,83 @@ func TestSnapshotOfFormat1Loads(t *testing.T) {
 		}
 		got.Lookup("m", p[:8], &g)
 		require.Len(t, g.Hits, 6)
+	}
+}
+
+// evictionOrder returns the order in which capacity pressure takes h's
+// holdings of keys (single-block chains): at capacity, each store of a
+// block of its own evicts the oldest holding.
+func evictionOrder(t *testing.T, ix *Index, h Holder, keys []uint64) []uint64 {
+	t.Helper()
+	ix.SetHolderCapacity(h, sumBlocks(ix.HolderBlocks("m", h)))
+	var order []uint64
+	left := slices.Clone(keys)
+	for f := uint64(0); len(left) > 0; f++ {
+		ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: []uint64{chainKey(1<<40+f, 3)}})
+		var gone []uint64
+		left = slices.DeleteFunc(left, func(k uint64) bool {
+			if ix.Run("m", h, []uint64{k}, 0, nil) == 0 {
+				gone = append(gone, k)
+				return true
+			}
+			return false
+		})
+		require.Len(t, gone, 1, "store %d evicts one holding", f)
+		order = append(order, gone[0])
+	}
+	return order
+}
+
+func TestSavingASnapshotKeepsTheEvictionOrder(t *testing.T) {
+	// A holding removed and stored again keeps its first place in its
+	// holder's eviction order: the queue entry from its first store names
+	// it again. Saving used to compact the queue, keeping the newest entry
+	// instead, so the saving index (and the loaded copy) evicted another
+	// holding next.
+	a, b := Holder{Pod: "10.11.0.1:8000"}, Holder{Pod: "10.11.0.2:8000"}
+	cases := []struct {
+		name  string
+		share int
+	}{
+		{"in tables", -1},
+		// b's stores move a's holdings to the layer, a's queue keeping
+		// their places.
+		{"in the layer", 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{ShareThreshold: tc.share, MaxHolderBlocks: -1}
+			keys := make([]uint64, 8)
+			for i := range keys {
+				keys[i] = chainKey(uint64(500+i), 1)
+			}
+			build := func() *Index {
+				ix := New(cfg)
+				for _, k := range keys {
+					ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: []uint64{k}})
+					ix.Store(Blocks{Model: "m", Holder: b, Tier: TierGPU, Keys: []uint64{k}})
+				}
+				for _, k := range keys[:3] {
+					ix.Remove("m", a, TierGPU, 0, []uint64{k})
+					ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: []uint64{k}})
+				}
+				if tc.share > 0 {
+					require.Equal(t, int64(len(keys)), ix.Stats().SharedBlocks)
+				}
+				return ix
+			}
+			want := evictionOrder(t, build(), a, keys)
+			require.Equal(t, keys, want, "re-stored holdings keep their first places")
+
+			saved := build()
+			path := filepath.Join(t.TempDir(), "index.snap")
+			require.NoError(t, saved.SaveFile(path, nil))
+			loaded, _, err := LoadFile(path, cfg)
+			require.NoError(t, err)
+			checkInvariants(t, saved, 0)
+			checkInvariants(t, loaded, 0)
+			require.Equal(t, want, evictionOrder(t, saved, a, keys), "the saving index")
+			require.Equal(t, want, evictionOrder(t, loaded, a, keys), "the loaded copy")
+		})
 	}
 }

@@ -18,12 +18,21 @@ import (
 // every concurrent lookup of it must be exact. When writers stop, the index
 // must equal the union of the writers' own models.
 func TestConcurrentIngestAndLookups(t *testing.T) {
+	// With a share threshold of 2 the holders' paths through common roots
+	// are shared: writers of shared blocks serialise on the layer while
+	// those of their own blocks do not.
+	for _, share := range []int{-1, 2} {
+		t.Run(fmt.Sprintf("share %d", share), func(t *testing.T) { concurrentIngestAndLookups(t, share) })
+	}
+}
+
+func concurrentIngestAndLookups(t *testing.T, share int) {
 	const holders = 6
 	d := 1500 * time.Millisecond
 	if testing.Short() {
 		d = 300 * time.Millisecond
 	}
-	ix := New(Config{MaxHolderBlocks: -1})
+	ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: share})
 	stable := make([][]uint64, holders)
 	hs := make([]Holder, holders)
 	for i := range hs {
@@ -48,6 +57,10 @@ func TestConcurrentIngestAndLookups(t *testing.T) {
 				switch r := rng.IntN(100); {
 				case r < 50:
 					a := rng.IntN(len(p))
+					if share > 0 && rng.IntN(2) == 0 {
+						// From the root, where blocks enter the layer.
+						a = 0
+					}
 					var parent uint64
 					if a > 0 {
 						parent = p[a-1]
@@ -115,6 +128,9 @@ func TestConcurrentIngestAndLookups(t *testing.T) {
 		ix.Lookup("m", q, &res)
 		require.Equal(t, all.lookup("m", q), hitsByHolder(&res))
 	}
+	checkInvariants(t, ix, 0)
+	st := ix.Stats()
+	t.Logf("%d holdings, %d shared blocks", st.HolderBlocks, st.SharedBlocks)
 }
 
 // TestConcurrentLookupsSeeOnlyRealPrefixes toggles single blocks of a
