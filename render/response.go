@@ -819,34 +819,35 @@ func (p *answerReader) tokens() ([]uint32, error) {
 		return out, nil
 	}
 	for {
+		// The number, c the byte after it (-1 at the end).
 		var v uint64
 		digits := 0
 		lead := c
 		for {
-			for p.i < p.n {
-				d := p.buf[p.i]
-				if d < '0' || d > '9' {
+			i, n, buf := p.i, p.n, p.buf
+			for i < n {
+				d := buf[i] - '0'
+				if d > 9 {
 					break
 				}
-				v = v*10 + uint64(d-'0')
+				v = v*10 + uint64(d)
 				if v > math.MaxUint32 {
 					return nil, answerErr("token_ids[%d] does not fit a uint32", len(out))
 				}
 				digits++
-				p.i++
+				i++
 			}
-			if p.i < p.n {
+			p.i = i
+			if i < n {
+				c = int(buf[i])
 				break
 			}
 			if c, err = p.look(); err != nil {
 				return nil, err
 			}
-			if c < 0 {
+			if c < '0' || c > '9' {
 				break
 			}
-		}
-		if c, err = p.look(); err != nil {
-			return nil, err
 		}
 		switch {
 		case digits == 0 && c == '-':
@@ -872,6 +873,15 @@ func (p *answerReader) tokens() ([]uint32, error) {
 			out = append(make([]uint32, 0, grow), out...)
 		}
 		out = append(out, uint32(v))
+		// The common separator, a ',' and the next token's first digit,
+		// without a call.
+		if c == ',' && p.i+1 < p.n {
+			if d := p.buf[p.i+1]; d-'0' <= 9 {
+				p.i++
+				c = int(d)
+				continue
+			}
+		}
 		end, err := p.next(']', "token_ids")
 		if err != nil {
 			return nil, err
