@@ -23,8 +23,10 @@ type bodyInfo struct {
 	modelSpans [][2]int
 	// salt is the body's "cache_salt" string, "" when absent or null.
 	salt string
-	// messages and prompt tell a chat body from a completions body.
-	messages, prompt bool
+	// messages and prompt tell a chat body from a completions body;
+	// system, Anthropic's top-level system prompt, which no OpenAI chat
+	// body has, an Anthropic Messages body from a chat body.
+	messages, prompt, system bool
 	// parts reports a message whose content is an array of parts (text,
 	// image_url, input_audio, ...): a multimodal render, which downloads
 	// and processes media and so gets the longer timeout.
@@ -43,7 +45,8 @@ func bodyErr(i int, format string, args ...any) error {
 
 // scanBody checks that b is one JSON object (white space around it
 // allowed) and returns what the client needs from it. Only the members
-// "model", "cache_salt", "messages" and "prompt" are looked into; every
+// "model", "cache_salt", "messages", "prompt" and "system" are looked
+// into; every
 // other member is validated and skipped, so the body's unknown fields,
 // megabytes of base64 images included, reach vLLM untouched.
 func scanBody(b []byte) (bodyInfo, error) {
@@ -79,6 +82,9 @@ func scanBody(b []byte) (bodyInfo, error) {
 			ve, err = scanMessages(b, vs, &info)
 		case "prompt":
 			info.prompt = true
+			ve, err = skipValue(b, vs, 1)
+		case "system":
+			info.system = true
 			ve, err = skipValue(b, vs, 1)
 		default:
 			ve, err = skipValue(b, vs, 1)
@@ -422,9 +428,12 @@ func describe(c byte) string {
 
 // omitKwargs is spliced into every body unless Config.KeepMMKwargs: it asks
 // vLLM to leave the processed multimodal tensors (features.kwargs_data,
-// tens of megabytes for an image) out of the answer. vLLM versions that do
-// not know the field ignore it. It goes last, since vLLM's parser keeps the
-// last of duplicate members, so a client's own value does not win.
+// tens of megabytes for an image) out of the answer, as llm-d's token
+// producer does. vLLM's render requests have no such field (Aug 2026) and
+// ignore it, so answers carry the tensors anyway: the client skips them as
+// they stream past (see readAnswer). It goes last, since vLLM's parser
+// keeps the last of duplicate members, so a client's own value does not
+// win.
 const omitKwargs = `"return_mm_kwargs":false`
 
 // rewrite returns the body to send: b with every top-level "model" value

@@ -2,11 +2,13 @@ package render
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/require"
 
@@ -198,6 +200,15 @@ var answerSeeds = []string{
 	`{"token_ids":[4294967295, 0 ,7],"features":{"mm_hashes":{"image":["a"],"audio":["b"]},"mm_placeholders":{"image":[{"offset":0,"length":1}],"audio":[{"offset":1,"length":2}]}}}`,
 	`[{"token_ids":[1]},{"token_ids":[2,3],"cache_salt":null}]`,
 	`{"token_ids":[-1]}`, `{"token_ids":[1.5]}`, `{"token_ids":[]}`, `[]`, `{}`, `{"token_ids":[1],"features":{"mm_hashes":{"x":["a"]},"mm_placeholders":{"x":[{"offset":0,"length":9}]}}}`,
+	// kwargs_data, vLLM's processed tensors, before, between and after
+	// the items, skipped however it nests and escapes.
+	`{"features":{"kwargs_data":{"image":["QUFB\u0041\/","` + strings.Repeat("QUFB", 300) + `",null]},"mm_hashes":{"image":["h"]},"mm_metadata":{"image":[{"shape":[3,1024,1024],"dtype":"bfloat16"}]},"mm_placeholders":{"image":[{"offset":1,"length":2}]}},"token_ids":[7,8,9]}`,
+	`{"token_ids":[1,2],"features":{"mm_hashes":{"image":["h"]},"mm_placeholders":{"image":[{"offset":0,"length":2}]},"kwargs_data":{"image":[{"pixel_values":[[0.5,-1e-3],[2E+2,0]],"grid":[1,2,3]}]}}}`,
+	`{"token_ids":[1],"features":{"kwargs_data":{"image":["QUFB` + `\x` + `"]}}}`,
+	`{"token_ids":[1],"features":{"kwargs_data":{"image":["QUFB"}}}`,
+	`{"token_ids":[1],"features":{"kwargs_data":[[[[[[[[1]]]]]]]],"mm_hashes":null,"mm_placeholders":null}}`,
+	`{"token_ids":[1],"features":{"mm_hashes":{"image":["a"]},"mm_hashes":{"audio":["b"]},"mm_placeholders":{"audio":[{"offset":0,"length":1}]}}}`,
+	`[{"token_ids":[1],"features":{"kwargs_data":null}},{"token_ids":[2],"features":{"kwargs_data":{"video":["` + strings.Repeat("A", 100) + `"]}}}]`,
 }
 
 // FuzzParseAnswer checks that no answer panics the parser, and that what it
@@ -210,10 +221,15 @@ func FuzzParseAnswer(f *testing.F) {
 	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, b []byte, array bool) {
 		rs, err := parseAnswer(b, array)
+		// Streamed through a window of a few bytes, every value crosses
+		// refills: the answer is the same.
+		small, smallErr := readAnswer(iotest.OneByteReader(bytes.NewReader(b)), array, make([]byte, 1+len(b)%7), 0, 0, nil)
+		require.Equal(t, err == nil, smallErr == nil, "%v / %v", err, smallErr)
 		if err != nil {
 			require.ErrorIs(t, err, errAnswer)
 			return
 		}
+		require.Equal(t, rs, small)
 		require.NotEmpty(t, rs)
 		var ref any
 		require.NoError(t, json.Unmarshal(b, &ref), "accepted invalid JSON %q", b)
@@ -245,9 +261,20 @@ func TestParseAnswerSeeds(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rs, 2)
 	require.False(t, rs[1].saltEchoed, "a null salt is no salt")
+	rs, err = parseAnswer([]byte(answerSeeds[10]), false)
+	require.NoError(t, err)
+	require.Equal(t, []uint32{7, 8, 9}, rs[0].Request.Tokens)
+	require.Equal(t, []hashing.MMItem{{ID: "h", Offset: 1, Length: 2}}, rs[0].Request.MM, "kwargs_data and mm_metadata skipped")
+	_, err = parseAnswer([]byte(answerSeeds[12]), false)
+	require.ErrorContains(t, err, "invalid escape")
+	_, err = parseAnswer([]byte(answerSeeds[13]), false)
+	require.ErrorIs(t, err, errAnswer, "a skipped value is still validated")
+	rs, err = parseAnswer([]byte(answerSeeds[15]), false)
+	require.NoError(t, err)
+	require.Equal(t, []hashing.MMItem{{ID: "b", Offset: 0, Length: 1}}, rs[0].Request.MM, "the last of duplicate members, as vLLM's parser")
 }
 
-// TestScanTokensAgreesWithEncodingJSON checks the token scanner against
+// TestScanTokensAgreesWithEncodingJSON checks the token reader against
 // encoding/json's []uint32 decoding on random arrays and their mutations.
 func TestScanTokensAgreesWithEncodingJSON(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -283,8 +310,11 @@ func TestScanTokensAgreesWithEncodingJSON(t *testing.T) {
 		if json.Unmarshal(b, &raw) != nil {
 			continue // the scanner only sees what encoding/json validated
 		}
-		got, end, err := scanTokens(raw, 0)
-		if err == nil && trailing(raw, end) != nil {
+		// Through a window of a few bytes, so that numbers, separators and
+		// white space cross its refills.
+		p := &answerReader{r: bytes.NewReader(raw), buf: make([]byte, 1+rng.IntN(8))}
+		got, err := p.tokens()
+		if c, wsErr := p.ws(); err == nil && (wsErr != nil || c >= 0) {
 			err = fmt.Errorf("data after the array")
 		}
 		if refErr != nil {
@@ -297,5 +327,19 @@ func TestScanTokensAgreesWithEncodingJSON(t *testing.T) {
 			continue
 		}
 		require.Equal(t, want, got, "%s", b)
+	}
+}
+
+func TestSpecialFindsEveryByteThatEndsAStringRun(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			var w [8]byte
+			for i := range w {
+				w[i] = 'A'
+			}
+			w[pos] = byte(c)
+			want := c == '"' || c == '\\' || c < 0x20
+			require.Equal(t, want, special(binary.LittleEndian.Uint64(w[:])), "byte %#02x at %d", c, pos)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -25,7 +26,15 @@ var (
 	// placeholders, more than Config.MaxResponseBytes. A service answers
 	// 502.
 	ErrBadResponse = errors.New("render: bad response from the backend")
+	// ErrTooManyTokens is wrapped, beside ErrBadRequest, by a render whose
+	// prompt has more token ids than Config.MaxTokens: the client stops
+	// reading the answer there. A service answers 413.
+	ErrTooManyTokens = errors.New("render: the rendered prompt has more tokens than Config.MaxTokens")
 )
+
+// errTooManyItems is a rendered prompt with more multimodal items than the
+// client reads (maxFeatureBytes): an ErrBadRequest.
+var errTooManyItems = errors.New("the rendered prompt has more multimodal items than the client reads")
 
 // Error is a render's error: which backend endpoint failed, and why.
 type Error struct {
@@ -37,6 +46,14 @@ type Error struct {
 	// answer's ErrorResponse JSON; Message is the start of the body when it
 	// is not that JSON.
 	Type, Message string
+	// Multimodal reports a chat or messages render with part-array
+	// content, which Config.MMTimeout bounds.
+	Multimodal bool
+	// Timeout is the client's own timeout (Config.Timeout, or MMTimeout
+	// when Multimodal) when it ended the render, else 0: the backend
+	// gave no answer in time (ErrUnavailable). A caller's deadline that
+	// came first is no Timeout but the caller's context error.
+	Timeout time.Duration
 
 	kind error // one of the sentinels, nil when the caller's context ended
 	err  error // the cause, if any

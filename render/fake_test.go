@@ -32,10 +32,13 @@ const (
 
 // fakeVLLM speaks vLLM's render endpoints as vllm/entrypoints/serve/render
 // and token_in_token_out/protocol.py give them: the completions endpoint
-// answers an array of GenerateRequests, the chat endpoint one; features
-// carry mm_hashes and mm_placeholders per modality, and kwargs_data (the
-// tensors) unless the body says "return_mm_kwargs": false; cache_salt and
-// model are echoed. Errors are vLLM's ErrorResponse JSON.
+// answers an array of GenerateRequests, the chat and messages endpoints
+// one; features carry mm_hashes and mm_placeholders per modality, and
+// kwargs_data (the tensors, 4 KiB of base64 an item) whatever the body
+// says, as vLLM's render requests have no field to leave them out;
+// cache_salt and model are echoed. The messages endpoint renders an
+// Anthropic body's top-level system prompt first, as a system message.
+// Errors are vLLM's ErrorResponse JSON.
 type fakeVLLM struct {
 	t   *testing.T
 	srv *httptest.Server
@@ -51,6 +54,7 @@ type fakeVLLM struct {
 	served string
 	// handle, when set, answers instead of the template.
 	handle func(w http.ResponseWriter, r *http.Request, body []byte) bool
+	paths  []string // every path posted to, in order
 }
 
 func newFakeVLLM(t *testing.T, served string) *fakeVLLM {
@@ -70,6 +74,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 	f.remotes[r.RemoteAddr]++
 	f.requests++
 	f.protos = append(f.protos, r.Proto)
+	f.paths = append(f.paths, r.URL.Path)
 	handle := f.handle
 	f.mu.Unlock()
 	if handle != nil && handle(w, r, body) {
@@ -85,20 +90,22 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		vllmErrorAnswer(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model))
 		return
 	}
-	kwargs := req["return_mm_kwargs"] != false
 	switch r.URL.Path {
-	case "/v1/chat/completions/render":
+	case "/v1/chat/completions/render", "/v1/messages/render":
 		msgs, ok := req["messages"].([]any)
 		if !ok {
 			vllmErrorAnswer(w, http.StatusBadRequest, "BadRequestError", "messages: Field required")
 			return
+		}
+		if sys, ok := req["system"]; ok && r.URL.Path == "/v1/messages/render" {
+			msgs = append([]any{map[string]any{"role": "system", "content": sys}}, msgs...)
 		}
 		tokens, feats, err := chatTemplate(msgs, req["add_generation_prompt"] != false)
 		if err != nil {
 			vllmErrorAnswer(w, http.StatusBadRequest, "BadRequestError", err.Error())
 			return
 		}
-		writeJSON(w, generateRequest(model, tokens, feats, req["cache_salt"], kwargs))
+		writeJSON(w, generateRequest(model, tokens, feats, req["cache_salt"]))
 	case "/v1/completions/render":
 		var prompts []string
 		switch p := req["prompt"].(type) {
@@ -115,7 +122,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		var out []any
 		for _, p := range prompts {
-			out = append(out, generateRequest(model, append([]uint32{tokBOS}, textTokens(p)...), nil, req["cache_salt"], kwargs))
+			out = append(out, generateRequest(model, append([]uint32{tokBOS}, textTokens(p)...), nil, req["cache_salt"]))
 		}
 		writeJSON(w, out)
 	default:
@@ -195,7 +202,7 @@ func textTokens(s string) []uint32 {
 
 // generateRequest is vLLM's GenerateRequest as its render endpoints
 // serialise it, sampling_params and all.
-func generateRequest(model string, tokens []uint32, feats *features, salt any, kwargs bool) map[string]any {
+func generateRequest(model string, tokens []uint32, feats *features, salt any) map[string]any {
 	g := map[string]any{
 		"request_id": "chatcmpl-0123456789abcdef",
 		"token_ids":  tokens,
@@ -211,17 +218,13 @@ func generateRequest(model string, tokens []uint32, feats *features, salt any, k
 		"token_offsets":  nil,
 	}
 	if feats != nil {
-		f := map[string]any{"mm_hashes": feats.hashes, "mm_placeholders": feats.placeholders, "kwargs_data": nil, "mm_metadata": nil}
-		if kwargs {
-			data := map[string][]string{}
-			for m, hs := range feats.hashes {
-				for range hs {
-					data[m] = append(data[m], strings.Repeat("QUFB", 1024)) // a tensor's base64
-				}
+		data := map[string][]string{}
+		for m, hs := range feats.hashes {
+			for range hs {
+				data[m] = append(data[m], strings.Repeat("QUFB", 1024)) // a tensor's base64
 			}
-			f["kwargs_data"] = data
 		}
-		g["features"] = f
+		g["features"] = map[string]any{"mm_hashes": feats.hashes, "mm_placeholders": feats.placeholders, "kwargs_data": data, "mm_metadata": nil}
 	}
 	return g
 }

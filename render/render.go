@@ -30,10 +30,12 @@ const (
 	// DefaultMMTimeout bounds a chat render with part-array content, which
 	// may download and process images, audio or video.
 	DefaultMMTimeout = 30 * time.Second
-	// DefaultMaxResponseBytes bounds an answer: about 2.5 million token ids
-	// of JSON. An answer with the multimodal tensors (Config.KeepMMKwargs,
-	// or a vLLM too old for return_mm_kwargs) can need more.
-	DefaultMaxResponseBytes = 16 << 20
+	// DefaultMaxResponseBytes bounds the bytes of an answer read: vLLM's
+	// answers carry each image's processed tensors (about 33 MiB for one
+	// of 1024x1024), which are skipped as they stream past, at the cost of
+	// reading them and no memory. It bounds the time an answer takes to
+	// read, not the memory it holds: Config.MaxTokens and Charge do.
+	DefaultMaxResponseBytes = 256 << 20
 	// DefaultMaxBodyBytes bounds a body the client forwards; base64 images
 	// make chat bodies large.
 	DefaultMaxBodyBytes = 64 << 20
@@ -47,6 +49,9 @@ const (
 const (
 	CompletionsPath = "/v1/completions/render"
 	ChatPath        = "/v1/chat/completions/render"
+	// MessagesPath renders Anthropic Messages bodies (vLLM PR #45803):
+	// its top-level "system" prompt, which the chat endpoint would drop.
+	MessagesPath = "/v1/messages/render"
 )
 
 // Config configures a Client. The zero value renders through a sidecar at
@@ -66,20 +71,28 @@ type Config struct {
 	// whose messages have part-array content; 0 means DefaultMMTimeout.
 	// A context deadline that comes sooner wins.
 	Timeout, MMTimeout time.Duration
-	// MaxResponseBytes bounds the bytes read of an answer; a larger one is
-	// ErrBadResponse. 0 means DefaultMaxResponseBytes.
+	// MaxResponseBytes bounds the bytes read of an answer, the tensors it
+	// skips included; a larger one is ErrBadResponse. 0 means
+	// DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+	// MaxTokens, when positive, bounds the token ids of a rendered prompt:
+	// the client stops reading an answer at the first one past it, and the
+	// render is ErrBadRequest wrapping ErrTooManyTokens. It bounds the
+	// memory of an answer to 4 bytes a token (twice that while the ids
+	// arrive), plus the answer's read window. 0 means no bound but
+	// MaxResponseBytes'.
+	MaxTokens int
 	// MaxBodyBytes bounds a body passed to the client; a larger one is
 	// ErrBadRequest. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// MaxIdleConns is how many keep-alive connections to the backend the
 	// client keeps open; 0 means DefaultMaxIdleConns.
 	MaxIdleConns int
-	// KeepMMKwargs stops the client from asking vLLM to leave the
-	// processed multimodal tensors out of its answers
-	// ("return_mm_kwargs": false), which it does by default: the client
-	// reads only hashes and placeholders, and the tensors can be tens of
-	// megabytes an image.
+	// KeepMMKwargs stops the client from splicing "return_mm_kwargs":
+	// false into bodies, as llm-d does to ask vLLM to leave the processed
+	// multimodal tensors out of its answers. vLLM's render requests have
+	// no such field and send the tensors whatever the body says: the
+	// client skips them as they stream past, never holding them.
 	KeepMMKwargs bool
 	// Header is sent with every request, e.g. Authorization for a backend
 	// started with --api-key.
@@ -107,7 +120,7 @@ type Config struct {
 
 // Observation is one render, as Config.Observe sees it.
 type Observation struct {
-	// Endpoint is "chat" or "completions".
+	// Endpoint is "chat", "messages" or "completions".
 	Endpoint string
 	// Duration is the render's time; for a cache hit, the lookup's.
 	Duration time.Duration
@@ -183,11 +196,12 @@ type Client struct {
 	cfg         Config
 	completions string // endpoint URLs
 	chat        string
+	messages    string
 	http        *http.Client
 	own         *http.Transport // nil with Config.Transport
 	cache       *cache
 	log         *slog.Logger
-	bufs        sync.Pool
+	windows     sync.Pool // *[answerWindow]byte
 
 	renders, hits, tooLarge atomic.Uint64
 	unavailable, badReq     atomic.Uint64
@@ -213,7 +227,7 @@ func New(cfg Config) (*Client, error) {
 		// The URL goes into every error and log line.
 		return nil, fmt.Errorf("render: URL %q has credentials: pass them in Config.Header", u.Redacted())
 	}
-	if cfg.Timeout < 0 || cfg.MMTimeout < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBodyBytes < 0 ||
+	if cfg.Timeout < 0 || cfg.MMTimeout < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxTokens < 0 || cfg.MaxBodyBytes < 0 ||
 		cfg.MaxIdleConns < 0 || cfg.CacheBytes < 0 || cfg.WarmInterval < 0 || cfg.WarmConns < 0 {
 		return nil, errors.New("render: negative Config value")
 	}
@@ -230,6 +244,7 @@ func New(cfg Config) (*Client, error) {
 		cfg:         cfg,
 		completions: base + CompletionsPath,
 		chat:        base + ChatPath,
+		messages:    base + MessagesPath,
 		log:         cfg.Logger,
 	}
 	if c.log == nil {
@@ -280,31 +295,76 @@ func (c *Client) Close() {
 // URL returns the backend's base URL.
 func (c *Client) URL() string { return c.cfg.URL }
 
-// Render renders a completions or a chat body, told apart by its members:
-// "messages" goes to the chat endpoint, anything else to the completions
-// endpoint. It returns one Rendered per prompt (always one for chat).
+// Render renders a completions, chat or Anthropic Messages body, told
+// apart by its members: "messages" with a top-level "system" (Anthropic's
+// system prompt, which no OpenAI chat body has) goes to the messages
+// endpoint, other "messages" to the chat endpoint, anything else to the
+// completions endpoint. It returns one Rendered per prompt (always one for
+// chat and messages).
 func (c *Client) Render(ctx context.Context, body []byte) ([]Rendered, error) {
+	return c.RenderCharged(ctx, body, nil)
+}
+
+// Charge is told, before the client allocates it, of the memory in bytes
+// a render's answer takes: its read window, and the token ids and items it
+// keeps (Config.MaxTokens bounds them). An error from it stops the read:
+// the render is ErrUnavailable wrapping it. Memory is never given back
+// through it: the caller holds what it was charged until it is done with
+// the render's Rendered (a failed render's is garbage at once). A render
+// answered from the cache charges nothing.
+type Charge func(n int64) error
+
+// RenderCharged is Render, telling charge (when not nil) of the memory of
+// the answer as it is read, so that a service can bound the answers being
+// read with the request bodies it holds.
+func (c *Client) RenderCharged(ctx context.Context, body []byte, charge Charge) ([]Rendered, error) {
 	info, err := c.scan(body)
 	if err != nil {
 		return nil, c.refuse(ctx, c.completions, "completions", err)
 	}
-	if info.messages && info.prompt {
+	switch {
+	case info.messages && info.prompt:
 		return nil, c.refuse(ctx, c.chat, "chat", errors.New(`body has both "messages" and "prompt"`))
+	case info.messages && info.system:
+		return c.send(ctx, c.messages, "messages", body, &info, c.cache != nil, charge)
+	case info.messages:
+		return c.send(ctx, c.chat, "chat", body, &info, c.cache != nil, charge)
 	}
-	if info.messages {
-		return c.send(ctx, c.chat, "chat", body, &info, c.cache != nil)
-	}
-	return c.send(ctx, c.completions, "completions", body, &info, c.cache != nil)
+	return c.send(ctx, c.completions, "completions", body, &info, c.cache != nil, charge)
 }
 
+// errAnthropicBody refuses an Anthropic Messages body on the chat endpoint,
+// which would render it without its system prompt, silently.
+var errAnthropicBody = errors.New(`body has a top-level "system": an Anthropic Messages body, which the chat endpoint renders without its system prompt; use Messages or Render`)
+
 // Chat renders an OpenAI chat completions body through
-// /v1/chat/completions/render.
+// /v1/chat/completions/render. An Anthropic Messages body (a top-level
+// "system") is refused: see Messages.
 func (c *Client) Chat(ctx context.Context, body []byte) (Rendered, error) {
 	info, err := c.scan(body)
+	if err == nil && info.system {
+		err = errAnthropicBody
+	}
 	if err != nil {
 		return Rendered{}, c.refuse(ctx, c.chat, "chat", err)
 	}
-	rs, err := c.send(ctx, c.chat, "chat", body, &info, c.cache != nil)
+	rs, err := c.send(ctx, c.chat, "chat", body, &info, c.cache != nil, nil)
+	if err != nil {
+		return Rendered{}, err
+	}
+	return rs[0], nil
+}
+
+// Messages renders an Anthropic Messages body (top-level "system",
+// "messages" of content blocks) through /v1/messages/render, which vLLM
+// serves beside the OpenAI endpoints since PR #45803. A vLLM without it
+// answers 404: ErrBadRequest, saying so.
+func (c *Client) Messages(ctx context.Context, body []byte) (Rendered, error) {
+	info, err := c.scan(body)
+	if err != nil {
+		return Rendered{}, c.refuse(ctx, c.messages, "messages", err)
+	}
+	rs, err := c.send(ctx, c.messages, "messages", body, &info, c.cache != nil, nil)
 	if err != nil {
 		return Rendered{}, err
 	}
@@ -318,7 +378,7 @@ func (c *Client) Completions(ctx context.Context, body []byte) ([]Rendered, erro
 	if err != nil {
 		return nil, c.refuse(ctx, c.completions, "completions", err)
 	}
-	return c.send(ctx, c.completions, "completions", body, &info, c.cache != nil)
+	return c.send(ctx, c.completions, "completions", body, &info, c.cache != nil, nil)
 }
 
 // warmBody is Warm's render: a short text chat, which every chat model's
@@ -337,7 +397,7 @@ func (c *Client) Warm(ctx context.Context) error {
 	}
 	var last error
 	for {
-		_, err := c.send(ctx, c.chat, "chat", warmBody, &info, false)
+		_, err := c.send(ctx, c.chat, "chat", warmBody, &info, false, nil)
 		if err == nil {
 			break
 		}
@@ -364,7 +424,7 @@ func (c *Client) Warm(ctx context.Context) error {
 	errs := make([]error, c.cfg.WarmConns)
 	var wg sync.WaitGroup
 	for i := range errs {
-		wg.Go(func() { _, errs[i] = c.send(ctx, c.chat, "chat", warmBody, &info, false) })
+		wg.Go(func() { _, errs[i] = c.send(ctx, c.chat, "chat", warmBody, &info, false, nil) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -404,10 +464,10 @@ func (c *Client) refuse(ctx context.Context, endpoint, name string, cause error)
 	return err
 }
 
-func (c *Client) send(ctx context.Context, endpoint, name string, body []byte, info *bodyInfo, cached bool) ([]Rendered, error) {
+func (c *Client) send(ctx context.Context, endpoint, name string, body []byte, info *bodyInfo, cached bool, charge Charge) ([]Rendered, error) {
 	start := time.Now()
 	out := rewrite(body, info, c.cfg.Model, !c.cfg.KeepMMKwargs)
-	mm := endpoint == c.chat && info.parts
+	mm := endpoint != c.completions && info.parts
 	if cached {
 		k := c.cache.key(endpoint, out)
 		if rs, ok := c.cache.get(k); ok {
@@ -420,7 +480,7 @@ func (c *Client) send(ctx context.Context, endpoint, name string, body []byte, i
 			c.done(ctx, name, start, nil, rs, true, mm)
 			return rs, nil
 		}
-		rs, err := c.post(ctx, endpoint, out, info, mm)
+		rs, err := c.post(ctx, endpoint, out, info, mm, charge)
 		if err == nil && !c.cache.put(k, rs) {
 			c.tooLarge.Add(1)
 		}
@@ -430,13 +490,13 @@ func (c *Client) send(ctx context.Context, endpoint, name string, body []byte, i
 		}
 		return append([]Rendered(nil), rs...), nil
 	}
-	rs, err := c.post(ctx, endpoint, out, info, mm)
+	rs, err := c.post(ctx, endpoint, out, info, mm, charge)
 	c.done(ctx, name, start, err, rs, false, mm)
 	return rs, err
 }
 
 // post sends one render and reads its answer.
-func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *bodyInfo, mm bool) ([]Rendered, error) {
+func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *bodyInfo, mm bool, charge Charge) ([]Rendered, error) {
 	timeout := c.cfg.Timeout
 	if mm {
 		timeout = c.cfg.MMTimeout
@@ -445,7 +505,7 @@ func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *b
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
-		return nil, &Error{Endpoint: endpoint, kind: ErrBadRequest, err: err}
+		return nil, &Error{Endpoint: endpoint, Multimodal: mm, kind: ErrBadRequest, err: err}
 	}
 	for k, v := range c.cfg.Header {
 		req.Header[k] = v
@@ -459,35 +519,35 @@ func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *b
 	req.Header["Idempotency-Key"] = nil
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, c.transportErr(ctx, rctx, endpoint, 0, timeout, err)
+		return nil, c.transportErr(ctx, rctx, endpoint, 0, timeout, mm, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		typ, msg := vllmError(snippet)
-		return nil, &Error{Endpoint: endpoint, Status: resp.StatusCode, Type: typ, Message: msg, kind: statusKind(resp.StatusCode)}
+		e := &Error{Endpoint: endpoint, Status: resp.StatusCode, Type: typ, Message: msg, Multimodal: mm, kind: statusKind(resp.StatusCode)}
+		if endpoint == c.messages && typ == "" && (resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed) {
+			// A route the server lacks (FastAPI's {"detail":"Not Found"}),
+			// not vLLM's ErrorResponse for an unknown model.
+			e.err = errNoMessagesEndpoint
+		}
+		return nil, e
 	}
 	limit := c.cfg.MaxResponseBytes
 	if resp.ContentLength > limit {
-		return nil, &Error{Endpoint: endpoint, Status: resp.StatusCode, kind: ErrBadResponse,
+		return nil, &Error{Endpoint: endpoint, Status: resp.StatusCode, Multimodal: mm, kind: ErrBadResponse,
 			err: fmt.Errorf("answer of %d bytes exceeds Config.MaxResponseBytes (%d)", resp.ContentLength, limit)}
 	}
-	buf := c.buffer()
-	defer c.release(buf)
-	if resp.ContentLength > 0 {
-		buf.Grow(int(resp.ContentLength) + 1) // ReadFrom wants room to see EOF
+	win := c.window()
+	defer c.windows.Put(win)
+	if charge != nil {
+		if err := charge(int64(len(win))); err != nil {
+			return nil, c.answerErr(ctx, rctx, endpoint, resp.StatusCode, timeout, mm, chargeError{err})
+		}
 	}
-	n, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
+	rs, err := readAnswer(resp.Body, endpoint == c.completions, win[:], limit, c.cfg.MaxTokens, charge)
 	if err != nil {
-		return nil, c.transportErr(ctx, rctx, endpoint, resp.StatusCode, timeout, fmt.Errorf("reading the answer: %w", err))
-	}
-	if n > limit {
-		return nil, &Error{Endpoint: endpoint, Status: resp.StatusCode, kind: ErrBadResponse,
-			err: fmt.Errorf("answer exceeds Config.MaxResponseBytes (%d)", limit)}
-	}
-	rs, err := parseAnswer(buf.Bytes(), endpoint == c.completions)
-	if err != nil {
-		return nil, &Error{Endpoint: endpoint, Status: resp.StatusCode, kind: ErrBadResponse, err: err}
+		return nil, c.answerErr(ctx, rctx, endpoint, resp.StatusCode, timeout, mm, err)
 	}
 	for i := range rs {
 		r := &rs[i]
@@ -505,40 +565,57 @@ func (c *Client) post(ctx context.Context, endpoint string, body []byte, info *b
 	return rs, nil
 }
 
-// buffer returns a pooled buffer for an answer.
-func (c *Client) buffer() *bytes.Buffer {
-	if b, ok := c.bufs.Get().(*bytes.Buffer); ok {
-		b.Reset()
-		return b
+// errNoMessagesEndpoint explains a 404 of the messages endpoint.
+var errNoMessagesEndpoint = errors.New(`the backend has no /v1/messages/render (vLLM added it in PR #45803): upgrade it to render Anthropic Messages bodies, which the chat endpoint would render without their system prompt`)
+
+// window returns a pooled read window for an answer.
+func (c *Client) window() *[answerWindow]byte {
+	if w, ok := c.windows.Get().(*[answerWindow]byte); ok {
+		return w
 	}
-	return new(bytes.Buffer)
+	return new([answerWindow]byte)
 }
 
-// maxPooledBuffer is the largest answer buffer kept for reuse, so that one
-// huge answer does not stay allocated in the pool.
-const maxPooledBuffer = 1 << 20
-
-func (c *Client) release(b *bytes.Buffer) {
-	if b.Cap() <= maxPooledBuffer {
-		c.bufs.Put(b)
+// answerErr classifies an error reading a 2xx answer.
+func (c *Client) answerErr(ctx, rctx context.Context, endpoint string, status int, timeout time.Duration, mm bool, err error) error {
+	e := &Error{Endpoint: endpoint, Status: status, Multimodal: mm, err: err}
+	var ce chargeError
+	switch {
+	case errors.As(err, &ce):
+		e.kind, e.err = ErrUnavailable, fmt.Errorf("no memory for the answer: %w", ce.err)
+	case errors.Is(err, ErrTooManyTokens):
+		e.kind = ErrBadRequest
+	case errors.Is(err, errTooManyItems):
+		e.kind = ErrBadRequest
+	case errors.Is(err, errAnswerTooLarge):
+		e.kind, e.err = ErrBadResponse, fmt.Errorf("answer exceeds Config.MaxResponseBytes (%d)", c.cfg.MaxResponseBytes)
+	case errors.Is(err, errAnswer):
+		e.kind = ErrBadResponse
+	default:
+		return c.transportErr(ctx, rctx, endpoint, status, timeout, mm, fmt.Errorf("reading the answer: %w", err))
 	}
+	return e
 }
 
 // transportErr classifies a failure without an answer: the caller's
 // context, the client's own timeout, or the backend.
-func (c *Client) transportErr(ctx, rctx context.Context, endpoint string, status int, timeout time.Duration, err error) error {
+func (c *Client) transportErr(ctx, rctx context.Context, endpoint string, status int, timeout time.Duration, mm bool, err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err // its text repeats the method and URL the Error has
 	}
 	switch {
 	case ctx.Err() != nil:
-		return &Error{Endpoint: endpoint, Status: status, err: fmt.Errorf("caller gave up: %w", context.Cause(ctx))}
+		return &Error{Endpoint: endpoint, Status: status, Multimodal: mm, err: fmt.Errorf("caller gave up: %w", context.Cause(ctx))}
 	case rctx.Err() != nil:
-		return &Error{Endpoint: endpoint, Status: status, kind: ErrUnavailable,
-			err: fmt.Errorf("no answer within %v: %w", timeout, context.DeadlineExceeded)}
+		field := "Config.Timeout"
+		if mm {
+			field = "Config.MMTimeout"
+		}
+		return &Error{Endpoint: endpoint, Status: status, Multimodal: mm, Timeout: timeout, kind: ErrUnavailable,
+			err: fmt.Errorf("no answer within %v (%s): %w", timeout, field, context.DeadlineExceeded)}
 	}
-	return &Error{Endpoint: endpoint, Status: status, kind: ErrUnavailable, err: err}
+	return &Error{Endpoint: endpoint, Status: status, Multimodal: mm, kind: ErrUnavailable, err: err}
 }
 
 // statusKind classifies an error status: vLLM answers a body it refuses

@@ -217,7 +217,7 @@ func TestBadAnswersAreErrBadResponse(t *testing.T) {
 		{"token_ids an object", `{"token_ids":{"a":1}}`, `[{"token_ids":"abc"}]`, "want an array"},
 		{"no tokens", `{"token_ids":[]}`, `[{"token_ids":null}]`, "token_ids"},
 		{"missing token_ids", `{"model":"m"}`, `[{}]`, "no token_ids"},
-		{"features of the wrong type", `{"token_ids":[1],"features":[1]}`, `[{"token_ids":[1],"features":"x"}]`, "cannot unmarshal"},
+		{"features of the wrong type", `{"token_ids":[1],"features":[1]}`, `[{"token_ids":[1],"features":"x"}]`, "features: want an object"},
 		{"modalities disagree", `{"token_ids":[1,2],"features":{"mm_hashes":{"image":["a"]},"mm_placeholders":{"audio":[{"offset":0,"length":1}]}}}`,
 			`[{"token_ids":[1,2],"features":{"mm_hashes":{"image":["a"]},"mm_placeholders":{}}}]`, "modalit"},
 		{"counts disagree", `{"token_ids":[1,2],"features":{"mm_hashes":{"image":["a","b"]},"mm_placeholders":{"image":[{"offset":0,"length":1}]}}}`,
@@ -266,9 +266,9 @@ func TestAnHugeAnswerIsCutAtMaxResponseBytes(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				chunk := []byte(strings.Repeat("1234567,", 1024))
 				if !chunked {
-					w.Header().Set("Content-Length", fmt.Sprint(1+len(chunk)*4096))
+					w.Header().Set("Content-Length", fmt.Sprint(len(`[{"token_ids":[`)+len(chunk)*4096))
 				}
-				_, _ = w.Write([]byte("["))
+				_, _ = w.Write([]byte(`[{"token_ids":[`))
 				for range 4096 { // 32 MiB at most, stopped by the client closing
 					n, err := w.Write(chunk)
 					wrote.Add(int64(n))
@@ -308,7 +308,10 @@ func TestATimeoutIsErrUnavailableAndACanceledCallerIsNot(t *testing.T) {
 	_, err := c.Completions(context.Background(), []byte(`{"prompt":"x"}`))
 	require.ErrorIs(t, err, render.ErrUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.ErrorContains(t, err, "no answer within 50ms")
+	require.ErrorContains(t, err, "no answer within 50ms (Config.Timeout)")
+	var re *render.Error
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 50*time.Millisecond, re.Timeout, "the client's own timeout, for a service to name")
 	<-arrived
 
 	c = newClient(t, render.Config{URL: srv.URL})
@@ -324,6 +327,8 @@ func TestATimeoutIsErrUnavailableAndACanceledCallerIsNot(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, render.ErrUnavailable)
 	require.Equal(t, "canceled", render.Kind(err))
+	require.ErrorAs(t, err, &re)
+	require.Zero(t, re.Timeout)
 	require.Equal(t, uint64(1), c.Stats().Canceled)
 }
 

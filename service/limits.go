@@ -42,7 +42,8 @@ type Limits struct {
 	// /v1/score and /v1/pick follows from it.
 	MaxTokens int
 	// MaxBodyMemory bounds the bytes of the request bodies being read and
-	// served at once; zero: MaxInflight bodies of MaxTokens (at least
+	// served at once, with the render answers they wait for (see
+	// RenderConfig); zero: MaxInflight bodies of MaxTokens (at least
 	// two), the bound the slots alone kept when bodies were read in them.
 	MaxBodyMemory int64
 }
@@ -91,7 +92,7 @@ func (l *Limits) flags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxInflight, "max-inflight-requests", DefaultMaxInflight(), "requests to /v1/score, /v1/pick and /v1/pods served at once; beyond, 503 with Retry-After; twice GOMAXPROCS unless set")
 	fs.DurationVar(&l.RequestTimeout, "request-timeout", DefaultRequestTimeout, "deadline of one request, body, hashing and lookup included; past it, 503; less than --http-write-timeout")
 	fs.IntVar(&l.MaxTokens, "max-tokens", DefaultMaxTokens, "most tokens per prompt; more is answered 413, and bodies are bounded to 12 bytes a token plus 1 MiB")
-	fs.Var((*sizeFlag)(&l.MaxBodyMemory), "max-body-memory", "bytes of request bodies read and served at once, counted as they arrive; past it, 503 with Retry-After (at least two bodies of --max-tokens; 0: --max-inflight-requests bodies of --max-tokens)")
+	fs.Var((*sizeFlag)(&l.MaxBodyMemory), "max-body-memory", "bytes of request bodies read and served at once, and of the render answers they wait for, counted as they arrive; past it, 503 with Retry-After (at least two bodies of --max-tokens; 0: --max-inflight-requests bodies of --max-tokens)")
 }
 
 // check validates the limits against the server's write timeout: a request
@@ -164,14 +165,14 @@ func (s *Service) initLimits() {
 	s.lim.slots = make(chan struct{}, s.cfg.MaxInflight)
 	s.lim.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvsource_http_rejected_total",
-		Help: "Requests refused, by path and reason: overload (503), timeout (503), body_too_large (413), too_many_tokens (413), field_too_long (400), bad_request (400: malformed or invalid), canceled (the client hung up first).",
+		Help: "Requests refused, by path and reason: overload (503), timeout (503), body_too_large (413), too_many_tokens (413), field_too_long (400), bad_request (400: malformed or invalid), canceled (the client hung up first), render_unavailable (503: the --render-url backend down, overloaded or out of time), render_bad_response (502).",
 	}, []string{"path", "reason"})
 	s.lim.aborted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvsource_http_aborted_total",
 		Help: "Answers that could not be written (the client gone or the write timeout passed), by path and the status they carried; kvsource_http_requests_total counts only answers written.",
 	}, []string{"path", "code"})
 	s.lim.bodyHeld = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsource_http_body_bytes",
-		Help: "Bytes of the request bodies being read and served, bounded by --max-body-memory."},
+		Help: "Bytes of the request bodies being read and served, and of the render answers they wait for, bounded by --max-body-memory."},
 		func() float64 { return float64(s.lim.bodyBytes.Load()) })
 	s.reg.MustRegister(s.lim.rejected, s.lim.aborted, s.lim.bodyHeld)
 }
@@ -227,9 +228,10 @@ func (s *Service) takeSlot(w http.ResponseWriter, path string) (func(), bool) {
 	}
 }
 
-// errBodyMemory is a body refused because the bodies being read already
-// hold --max-body-memory: answered 503, as an overload.
-var errBodyMemory = errors.New("overloaded: the request bodies being read hold --max-body-memory, retry later")
+// errBodyMemory is a body or render answer refused because the bodies and
+// answers being read already hold --max-body-memory: answered 503, as an
+// overload.
+var errBodyMemory = errors.New("overloaded: the request bodies and render answers being read hold --max-body-memory, retry later")
 
 // reserveBody counts n more bytes of bodies held, or refuses them past
 // --max-body-memory.
@@ -272,7 +274,12 @@ func (s *Service) classify(r *http.Request, err error) (int, string) {
 	var br badRequest
 	var nf notFound
 	switch {
-	// First: a body cut off by the deadline fails to decode, and looks
+	// First: a render backend that did not answer in time is named as
+	// such, whichever deadline passed (see Service.rendered).
+	case isRenderError(err):
+		code, reason, _ := renderStatus(err)
+		return code, reason
+	// Then: a body cut off by the deadline fails to decode, and looks
 	// like a bad request.
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
 		errors.Is(r.Context().Err(), context.DeadlineExceeded):
@@ -287,9 +294,6 @@ func (s *Service) classify(r *http.Request, err error) (int, string) {
 		return http.StatusRequestEntityTooLarge, rejectBodySize
 	case errors.As(err, &tl):
 		return http.StatusRequestEntityTooLarge, rejectTokens
-	case isRenderError(err):
-		code, reason, _ := renderStatus(err)
-		return code, reason
 	case errors.As(err, &fl):
 		return http.StatusBadRequest, rejectFieldSize
 	case errors.As(err, &br):

@@ -21,11 +21,19 @@ import (
 // also as its whole body) and render it through vLLM's own render endpoints
 // (package render) into the engine's exact tokens, multimodal items and cache
 // salt; "tokens" or "tokens_b64", when given, win. A render backend that is
-// down or overloaded is a 503 with Retry-After, never a silent zero score; a
-// body vLLM refuses is a 400, and an answer that is not vLLM's a 502. The
-// render is part of the request: --request-timeout bounds it, so a service
-// rendering images needs one above --render-mm-timeout (and
-// --http-write-timeout above that).
+// down, overloaded or slower than its timeout is a 503 with Retry-After
+// (reason render_unavailable, the message naming the backend and the flag
+// whose deadline passed), never a silent zero score; a body vLLM refuses is
+// a 400, a prompt that renders to more than --max-tokens a 413, and an
+// answer that is not vLLM's a 502. A body with a top-level "system" is an
+// Anthropic Messages body, rendered by /v1/messages/render. The render is
+// part of the request: --request-timeout bounds it, so a service rendering
+// images needs one above --render-mm-timeout (and --http-write-timeout
+// above that). Its answer counts against --max-body-memory with the body
+// being served, as it arrives: the token ids (4 bytes each, read no further
+// than --max-tokens) and a 32 KiB read window, while the processed image
+// tensors vLLM sends (features.kwargs_data) stream past and cost nothing;
+// --render-max-response-bytes bounds the bytes read of an answer.
 
 // RenderConfig is the part of Config that renders OpenAI bodies.
 type RenderConfig struct {
@@ -40,6 +48,9 @@ type RenderConfig struct {
 	RenderTimeout, RenderMMTimeout time.Duration
 	// RenderCacheBytes bounds a cache of recent renders; zero: none.
 	RenderCacheBytes int64
+	// RenderMaxResponseBytes bounds the bytes read of a render answer, the
+	// tensors it skips included; zero: render.DefaultMaxResponseBytes.
+	RenderMaxResponseBytes int64
 }
 
 func (c *RenderConfig) flags(fs *flag.FlagSet) {
@@ -48,6 +59,8 @@ func (c *RenderConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RenderTimeout, "render-timeout", render.DefaultTimeout, "how long a text render may take")
 	fs.DurationVar(&c.RenderMMTimeout, "render-mm-timeout", render.DefaultMMTimeout, "how long a multimodal render (chat content with parts) may take")
 	fs.Var((*sizeFlag)(&c.RenderCacheBytes), "render-cache-bytes", "memory bound of a cache of recent renders (0: none)")
+	c.RenderMaxResponseBytes = render.DefaultMaxResponseBytes
+	fs.Var((*sizeFlag)(&c.RenderMaxResponseBytes), "render-max-response-bytes", "most bytes read of a render answer, the image tensors it skips without keeping included (one 1024x1024 image is about 33 MiB); more is answered 502")
 }
 
 // renderer is the service's render client and its metrics.
@@ -66,6 +79,7 @@ func (s *Service) newRenderer(cfg RenderConfig) (*renderer, error) {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"endpoint", "result"})}
 	c, err := render.New(render.Config{URL: cfg.RenderURL, Model: cfg.RenderModel, Timeout: cfg.RenderTimeout,
 		MMTimeout: cfg.RenderMMTimeout, CacheBytes: cfg.RenderCacheBytes, Logger: s.log,
+		MaxResponseBytes: cfg.RenderMaxResponseBytes, MaxTokens: s.cfg.MaxTokens,
 		Observe: func(o render.Observation) {
 			result := render.Kind(o.Err)
 			switch {
@@ -141,8 +155,9 @@ func openAIBody(body []byte) bool {
 
 // promptOf is p's request: its tokens when it has them, else its OpenAI
 // body (whole, when the request body is one, or p.Request) rendered, which
-// also fills in p.Model when p has none and p.Tokens for the limits.
-func (s *Service) promptOf(ctx context.Context, p *Prompt, whole []byte) (hashing.Request, error) {
+// also fills in p.Model when p has none and p.Tokens for the limits. The
+// render's answer is counted in b.held, against --max-body-memory.
+func (s *Service) promptOf(ctx context.Context, b *bodyBuf, p *Prompt, whole []byte) (hashing.Request, error) {
 	body := whole
 	if body == nil && p.Tokens == nil && len(p.Request) > 0 && string(p.Request) != "null" {
 		body = p.Request
@@ -154,7 +169,7 @@ func (s *Service) promptOf(ctx context.Context, p *Prompt, whole []byte) (hashin
 		}
 		return r, s.checkPrompt(p)
 	}
-	r, err := s.rendered(ctx, p, body)
+	r, err := s.rendered(ctx, b, p, body)
 	if err != nil {
 		return r, err
 	}
@@ -165,15 +180,37 @@ func (s *Service) promptOf(ctx context.Context, p *Prompt, whole []byte) (hashin
 	return r, s.checkPrompt(p)
 }
 
-// rendered renders body for p, with the model the index knows it by.
-func (s *Service) rendered(ctx context.Context, p *Prompt, body []byte) (hashing.Request, error) {
+// rendered renders body for p, with the model the index knows it by,
+// counting its answer in b.held.
+func (s *Service) rendered(ctx context.Context, b *bodyBuf, p *Prompt, body []byte) (hashing.Request, error) {
 	if s.render == nil {
 		return hashing.Request{}, badRequest{errors.New(`"request" (an OpenAI body) needs kvsource serve --render-url; send "tokens" or "tokens_b64" instead`)}
 	}
-	rs, err := s.render.c.Render(ctx, body)
+	rs, err := s.render.c.RenderCharged(ctx, body, func(n int64) error {
+		if !s.reserveBody(n) {
+			return errBodyMemory
+		}
+		b.held += n
+		return nil
+	})
+	var re *render.Error
 	switch {
+	case errors.Is(err, errBodyMemory):
+		return hashing.Request{}, err // an overload of this service, not of the backend
+	case errors.As(err, &re) && re.Timeout > 0:
+		flag := "--render-timeout"
+		if re.Multimodal {
+			flag = "--render-mm-timeout"
+		}
+		return hashing.Request{}, renderUnavailable{fmt.Errorf("no answer from %s within %v (%s): %w", s.render.c.URL(), re.Timeout, flag, err)}
+	case err != nil && render.Kind(err) == "canceled" && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The request's deadline passed while the backend rendered.
+		return hashing.Request{}, renderUnavailable{fmt.Errorf("no answer from %s within what was left of --request-timeout (%v): %w",
+			s.render.c.URL(), s.cfg.RequestTimeout, err)}
 	case errors.Is(err, render.ErrUnavailable):
 		return hashing.Request{}, renderUnavailable{err}
+	case errors.Is(err, render.ErrTooManyTokens):
+		return hashing.Request{}, tooLarge{fmt.Errorf(`"request" renders to more than %d tokens (--max-tokens): %w`, s.cfg.MaxTokens, err)}
 	case errors.Is(err, render.ErrBadRequest):
 		return hashing.Request{}, badRequest{err}
 	case errors.Is(err, render.ErrBadResponse):

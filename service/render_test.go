@@ -19,8 +19,10 @@ import (
 
 // renderFake is a vLLM render endpoint as ../shared/spec/vllm.md §6 gives
 // it: /v1/chat/completions/render answers one GenerateRequest, token_ids
-// and, for images, features.mm_hashes and mm_placeholders per modality;
-// /v1/completions/render an array of them. Its template: BOS 1, a role
+// and, for images, features.mm_hashes and mm_placeholders per modality
+// (and kwargs_data, the tensors, which vLLM always sends);
+// /v1/completions/render an array of them; /v1/messages/render an
+// Anthropic body, its top-level system prompt first as a system message. Its template: BOS 1, a role
 // token (user 2, assistant 3, system 4), each text byte plus 100, end 5,
 // generation prompt 6; an image is 48 tokens 7 hashed as the SHA-256 of
 // its URL. answer, when set, answers instead.
@@ -38,9 +40,10 @@ func newRenderFake(t *testing.T) *renderFake {
 			return
 		}
 		var req struct {
-			Model    string `json:"model"`
-			Prompt   string `json:"prompt"`
-			Salt     any    `json:"cache_salt"`
+			Model    string  `json:"model"`
+			Prompt   string  `json:"prompt"`
+			Salt     any     `json:"cache_salt"`
+			System   *string `json:"system"`
 			Messages []struct {
 				Role    string          `json:"role"`
 				Content json.RawMessage `json:"content"`
@@ -63,6 +66,12 @@ func newRenderFake(t *testing.T) *renderFake {
 			writeRenderJSON(w, []any{generateRequest(req.Model, tokens, nil, nil, req.Salt)})
 			return
 		case "/v1/chat/completions/render":
+		case "/v1/messages/render":
+			if req.System != nil {
+				tokens = append(tokens, 4)
+				text(*req.System)
+				tokens = append(tokens, 5)
+			}
 		default:
 			http.NotFound(w, r)
 			return
@@ -106,8 +115,12 @@ func generateRequest(model string, tokens []uint32, hashes []string, places []ma
 	g := map[string]any{"request_id": "chatcmpl-0", "token_ids": tokens, "features": nil, "model": model,
 		"sampling_params": map[string]any{"max_tokens": 16}, "stream": false, "cache_salt": salt, "priority": 0}
 	if len(hashes) > 0 {
+		tensors := make([]string, len(hashes))
+		for i := range tensors {
+			tensors[i] = "QUFB" // an item's processed tensor, in base64
+		}
 		g["features"] = map[string]any{"mm_hashes": map[string]any{"image": hashes},
-			"mm_placeholders": map[string]any{"image": places}, "kwargs_data": nil, "mm_metadata": nil}
+			"mm_placeholders": map[string]any{"image": places}, "kwargs_data": map[string]any{"image": tensors}, "mm_metadata": nil}
 	}
 	return g
 }

@@ -518,7 +518,7 @@ func (s *Service) handleScore(w http.ResponseWriter, r *http.Request, b *bodyBuf
 		}
 		req, whole = ScoreRequest{}, b.body // an OpenAI body itself
 	}
-	prompt, err := s.promptOf(r.Context(), &req.Prompt, whole)
+	prompt, err := s.promptOf(r.Context(), b, &req.Prompt, whole)
 	if err != nil {
 		return err
 	}
@@ -572,7 +572,7 @@ func (s *Service) handlePick(w http.ResponseWriter, r *http.Request, b *bodyBuf)
 		}
 		return err
 	}
-	prompt, err := s.promptOf(r.Context(), &req.Prompt, nil)
+	prompt, err := s.promptOf(r.Context(), b, &req.Prompt, nil)
 	if err != nil {
 		return err
 	}
