@@ -379,11 +379,9 @@ func TestIndexMatchesOrderedModel(t *testing.T) {
 		{"capacities/shared", propConfig{models: 1, holders: 5, ops: 1000, maxLen: 100, tiers: []string{"GPU", "CPU", "disk"}, groups: []int{0}}, Config{HolderCapacity: 150, MaxHolderBlocks: -1, ShareThreshold: 2}},
 		{"budget/shared", propConfig{models: 2, holders: 7, ops: 1000, maxLen: 80, tiers: []string{"GPU", "CPU"}, groups: []int{0, 2}}, Config{MaxHolderBlocks: 400, ShareThreshold: 2}},
 	}
-	seeds := 3
-	if testing.Short() || raceEnabled {
-		seeds = 1
-	}
+	seeds := sized(3, 1)
 	for _, tc := range cases {
+		tc.pc.ops = sized(tc.pc.ops, 400)
 		for seed := range seeds {
 			t.Run(fmt.Sprintf("%s/seed%d", tc.name, seed), func(t *testing.T) {
 				w := &orderedWorkload{

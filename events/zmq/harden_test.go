@@ -111,7 +111,7 @@ func TestAPublisherThatGoesAwayIsDisconnectedAndNoSource(t *testing.T) {
 			require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateLive }, waitLong, 5*time.Millisecond)
 			require.NoError(t, p.Close())
 			start := time.Now()
-			require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, waitLong, 5*time.Millisecond)
 			t.Logf("disconnected after %v", time.Since(start))
 			_, source := s.Source(h)
 			require.False(t, source)
@@ -139,7 +139,7 @@ func TestBindModeDisconnectsAHostsPodsWhenOneOfItsConnectionsCloses(t *testing.T
 
 	require.NoError(t, dead.Close())
 	for _, h := range []index.Holder{hd, ha} {
-		require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond, "%v", h)
+		require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, waitLong, 5*time.Millisecond, "%v", h)
 		_, source := s.Source(h)
 		require.False(t, source)
 	}
@@ -171,7 +171,7 @@ func TestBindModeKeepsAnEngineThatWentAwayDownThoughItsLastMessagesComeAfter(t *
 		}
 		require.NoError(t, dead.Close())
 		h := index.Holder{Pod: pod}
-		require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond, pod)
+		require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, waitLong, 5*time.Millisecond, pod)
 		require.NoError(t, s.Sync(t.Context()))
 		require.Equal(t, events.StateDisconnected, statusOf(s, h).State, pod)
 		_, source := s.Source(h)

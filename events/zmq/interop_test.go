@@ -206,6 +206,7 @@ func TestInteropWithVLLMPublisherModel(t *testing.T) {
 			requireKeys(t, sink, "org/llama@v2", h, "GPU", tc.gpu...)
 			requireKeys(t, sink, "org/llama@v2", h, "CPU", tc.cpu...)
 			requireIndexHolds(t, tee.Index, "org/llama@v2", h, map[string][]uint64{"GPU": tc.gpu, "CPU": tc.cpu})
+			settled(t, s)
 			st := statusOf(s, h)
 			require.Equal(t, first+uint64(len(tc.batches)-1), st.LastSeq)
 			require.Zero(t, st.Gaps)
@@ -248,6 +249,7 @@ func TestInteropDroppedSequenceIsReplayedInBothFormats(t *testing.T) {
 				requireIndexHolds(t, tee.Index, "m", h, map[string][]uint64{"GPU": {2, 3}})
 				// The replayed batch linked 2 to 1: the chain from block 2 is whole.
 				require.Equal(t, 2, tee.Index.Run("m", h, []uint64{1, 2, 3}, 1, nil))
+				settled(t, s)
 				st := statusOf(s, h)
 				require.Equal(t, uint64(1), st.Gaps)
 				require.Equal(t, uint64(1), st.Replays)
@@ -273,6 +275,7 @@ func TestInteropEngineRestartClearsTheHolder(t *testing.T) {
 	requireKeys(t, sink, "m", h, "GPU", 7)
 	requireKeys(t, sink, "m", h, "CPU")
 	requireIndexHolds(t, tee.Index, "m", h, map[string][]uint64{"GPU": {7}})
+	settled(t, s)
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Restarts)
 	require.Equal(t, uint64(0), st.LastSeq)

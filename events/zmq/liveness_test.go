@@ -52,7 +52,7 @@ func TestARestartedEngineInheritsNoBlocksBeforeItPublishes(t *testing.T) {
 			require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateLive }, waitLong, 5*time.Millisecond)
 
 			require.NoError(t, old.Close())
-			require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, waitLong, 5*time.Millisecond)
 			fresh := engine()
 			restarted := time.Now()
 			require.NoError(t, fresh.WaitSubscribed(t.Context()))
@@ -131,7 +131,7 @@ func TestBindModeFollowsALivePodAfterManyPodsCameAndWent(t *testing.T) {
 	require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateLive }, waitLong, 5*time.Millisecond)
 	require.NoError(t, real.Close())
 	killed := time.Now()
-	require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, waitLong, 5*time.Millisecond,
 		"the killed engine stayed %s", statusOf(s, h).State)
 	t.Logf("the killed engine was no source %v after its close", time.Since(killed).Round(time.Microsecond))
 	_, source := s.Source(h)

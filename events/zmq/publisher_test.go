@@ -66,7 +66,7 @@ func TestPublisherWireFormat(t *testing.T) {
 			dealer, err := zmq.NewSocket(zmq.DEALER)
 			require.NoError(t, err)
 			defer dealer.Close()
-			require.NoError(t, dealer.SetRcvtimeo(5*time.Second))
+			require.NoError(t, dealer.SetRcvtimeo(waitLong))
 			require.NoError(t, dealer.Connect(localEP(rport)))
 			start := make([]byte, 8)
 			binary.BigEndian.PutUint64(start, last-1) // within the 3 buffered

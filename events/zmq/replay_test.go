@@ -153,6 +153,7 @@ func TestReplayEndsOnceTheMissingRangeIsCoveredOrItsDeadlinePasses(t *testing.T)
 			h := index.Holder{Pod: "pod"}
 			requireKeys(t, sink, "m", h, "GPU", tc.keys...)
 			requireKeys(t, sink, "m", index.Holder{Pod: "other"}, "GPU", 9)
+			settled(t, s)
 			st := s.Stats()
 			require.Equal(t, tc.timeouts, st.ReplayTimeouts)
 			require.Equal(t, tc.timeouts, st.ReplayErrors)

@@ -24,7 +24,10 @@ import (
 	"github.com/kvsource/kvsource/internal/testenv"
 )
 
-const waitLong = 10 * time.Second
+// waitLong bounds every wait for a condition: generous, since a test that
+// passes returns as soon as its condition holds, and `make test` runs
+// under -race on shared, loaded machines.
+const waitLong = 30 * time.Second
 
 func localEP(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
 func anyEP(port int) string   { return fmt.Sprintf("tcp://*:%d", port) }
@@ -107,6 +110,30 @@ func requireKeys(t testing.TB, sink *eventstest.RecSink, model string, h index.H
 	}, waitLong, 10*time.Millisecond, "want %v, have %v", want, sink.Keys(model, h, tier))
 }
 
+// settled waits until s has handled every message it received. A batch's
+// blocks reach the sink before its handling ends (the holder's sequence
+// number, its state, the confirmation of a reconnect and a replay's
+// counters come after), so a test that reads a status after requireKeys
+// waits for this first.
+func settled(t testing.TB, s *Subscriber) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	require.NoError(t, s.Sync(ctx))
+}
+
+// closedEngine closes p, an engine process that dies, and waits until s has
+// seen its connection close: a restarted engine's successor connects only
+// after its predecessor is gone, and in bind mode a close seen after the
+// successor's first message would take the pod down again (the subscriber
+// cannot tell which of an address's connections closed; see links).
+func closedEngine(t testing.TB, p *Publisher, s *Subscriber, h index.Holder) {
+	t.Helper()
+	require.NoError(t, p.Close())
+	require.Eventually(t, func() bool { return statusOf(s, h).State == events.StateDisconnected }, waitLong, 5*time.Millisecond,
+		"the closed engine's connection never closed at the subscriber")
+}
+
 const testModel = "org/llama@v2"
 
 func TestParseTopic(t *testing.T) {
@@ -173,6 +200,7 @@ func TestBindModeKeepsRanksApartAndMapsTopics(t *testing.T) {
 	r0, r1 := index.Holder{Pod: "127.0.0.1:8000"}, index.Holder{Pod: "127.0.0.1:8000", Rank: 1}
 	requireKeys(t, sink, testModel, r0, "GPU", 1, 2, 3)
 	requireKeys(t, sink, testModel, r1, "GPU", 11, 12)
+	settled(t, s)
 	st := statusOf(s, r1)
 	require.Equal(t, testModel, st.Model)
 	require.Equal(t, "live", st.State)
@@ -263,6 +291,7 @@ func TestGapIsRecoveredByReplayInBothFormats(t *testing.T) {
 			drop.Store(int64(seq + 2))
 			publish(t, p, stored(0, nil, 1), stored(0, ptr(1), 2), stored(0, ptr(2), 3))
 			requireKeys(t, sink, "m", h, "GPU", 1, 2, 3)
+			settled(t, s)
 			st := statusOf(s, h)
 			require.Equal(t, uint64(1), st.Gaps)
 			require.Equal(t, replaysBefore+1, st.Replays)
@@ -306,6 +335,7 @@ func TestUnrecoverableGapFollowsThePolicy(t *testing.T) {
 			publish(t, p, stored(0, nil, 3))
 			h := index.Holder{Pod: "pod"}
 			requireKeys(t, sink, "m", h, "GPU", tc.keys...)
+			settled(t, s)
 			st := statusOf(s, h)
 			require.Equal(t, uint64(1), st.Gaps)
 			require.Equal(t, uint64(1), st.Unrecovered)
@@ -332,12 +362,13 @@ func TestEngineRestartClearsTheHolderThenApplies(t *testing.T) {
 	}
 	publish(t, first, stored(0, nil, 1, 2))
 	requireKeys(t, sink, "m", h, "GPU", 1, 2)
-	require.NoError(t, first.Close())
+	closedEngine(t, first, s, h)
 
 	second := newPublisher(t, PublisherConfig{Connect: localEP(port), Topic: "kv@pod@m"})
 	warmUp(t, second, s, 0)
 	publish(t, second, stored(0, nil, 7))
 	requireKeys(t, sink, "m", h, "GPU", 7)
+	settled(t, s)
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Restarts)
 	require.Equal(t, 1, sink.ClearCount(h))
@@ -473,6 +504,7 @@ func TestGapBeyondTheReplayBufferClearsThenAppliesWhatIsLeft(t *testing.T) {
 		publish(t, p, stored(0, nil, 10+k))
 	}
 	requireKeys(t, sink, "m", h, "GPU", 13, 14, 15)
+	settled(t, s)
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Gaps)
 	require.Equal(t, uint64(1), st.Unrecovered)
@@ -516,6 +548,7 @@ func TestBindModeReplaysEachRankFromItsOwnPort(t *testing.T) {
 	h1 := index.Holder{Pod: "pod", Rank: 1}
 	requireKeys(t, sink, "m", h1, "GPU", 5, 6)
 	requireKeys(t, sink, "m", index.Holder{Pod: "pod"}, "GPU", 1)
+	settled(t, s)
 	require.Zero(t, statusOf(s, h1).Unrecovered)
 }
 
@@ -538,6 +571,7 @@ func TestDeadReplayEndpointFailsOnceThenBacksOff(t *testing.T) {
 	publish(t, p, stored(0, nil, 1), stored(0, nil, 2), stored(0, nil, 3), stored(0, nil, 4))
 	h := index.Holder{Pod: "pod"}
 	requireKeys(t, sink, "m", h, "GPU", 4)
+	settled(t, s)
 	st := statusOf(s, h)
 	require.Equal(t, uint64(2), st.Gaps)
 	require.Equal(t, uint64(2), st.Unrecovered)
@@ -558,7 +592,7 @@ func TestRestartedEngineFetchesTheFirstBatchesItsSubscriberMissed(t *testing.T) 
 	}
 	publish(t, first, stored(0, nil, 1, 2))
 	requireKeys(t, sink, "m", h, "GPU", 1, 2)
-	require.NoError(t, first.Close())
+	closedEngine(t, first, s, h)
 
 	// The new process's first three batches never reach the subscriber;
 	// its replay buffer has them.
@@ -574,6 +608,9 @@ func TestRestartedEngineFetchesTheFirstBatchesItsSubscriberMissed(t *testing.T) 
 	publish(t, second, stored(0, nil, 7), stored(0, ptr(7), 8), stored(0, nil, 9))
 	warmUp(t, second, s, 0)
 	requireKeys(t, sink, "m", h, "GPU", 7, 8, 9)
+	// The replayed blocks show before the batch that started the replay,
+	// whose handling confirms the reconnect, is done.
+	settled(t, s)
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Restarts)
 	require.Zero(t, st.Unrecovered)
@@ -598,6 +635,7 @@ func TestReplayEndingPartWayThroughAJoinAppliesTheGapPolicy(t *testing.T) {
 		return slices.Contains(sink.Keys("m", h, "GPU"), 3)
 	}, waitLong, 50*time.Millisecond)
 	require.NotContains(t, sink.Keys("m", h, "GPU"), uint64(1), "block 1 was removed in a batch replay did not send")
+	settled(t, s)
 	st := statusOf(s, h)
 	require.Equal(t, uint64(1), st.Unrecovered)
 	require.Equal(t, 1, sink.ClearCount(h))
@@ -695,6 +733,7 @@ func TestHolderWhoseLastMessagesWereDroppedStaysStaleUntilTheGapShows(t *testing
 	// live again.
 	publish(t, p, stored(0, nil, 7))
 	requireKeys(t, sink, "m", h, "GPU", 7)
+	settled(t, s)
 	require.Equal(t, "live", statusOf(s, h).State)
 }
 
