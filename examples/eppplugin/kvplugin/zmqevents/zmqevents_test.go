@@ -148,7 +148,7 @@ func TestSGLangEventsOverZMQReachTheDecision(t *testing.T) {
 // With speculativeIndexing the events go through the prefix producer's
 // speculative entries: a routed request's guess on a pod gives way to the
 // blocks its engine then reports over ZMQ.
-func TestKVEventsOverZMQReplaceSpeculativeEntries(t *testing.T) {
+func TestKVEventsOverZMQStoreBesideSpeculativeEntriesAndEvictThem(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ep := fmt.Sprintf("tcp://127.0.0.1:%d", testenv.FreePort(t))
@@ -184,8 +184,18 @@ func TestKVEventsOverZMQReplaceSpeculativeEntries(t *testing.T) {
 		{Type: events.EventBlockStored, BlockHashes: keys, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"},
 	}})
 	require.NoError(t, err)
+	// The engine's stores stand beside the guesses until their TTL, as
+	// upstream's do, so that a prompt partly stored still weighs as GPU
+	// throughout; its evictions take both out.
 	require.Eventually(t, func() bool {
-		held := prefix.Index().HolderBlocks("m", holder)
-		return held[index.TierGPU] == len(keys) && held[index.TierSpeculative] == 0
+		return prefix.Index().HolderBlocks("m", holder)[index.TierGPU] == len(keys)
+	}, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, len(keys), prefix.Index().HolderBlocks("m", holder)[index.TierSpeculative])
+	_, err = pub.Publish(&events.Batch{Events: []events.Event{
+		{Type: events.EventBlockRemoved, BlockHashes: keys, Medium: "GPU"},
+	}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return len(prefix.Index().HolderBlocks("m", holder)) == 0
 	}, 10*time.Second, 5*time.Millisecond)
 }
