@@ -6,8 +6,7 @@ import (
 )
 
 // long runs the property and concurrency tests at their full sizes under
-// the race detector and -short too: go test -race ./index -long (about
-// ten minutes under -race on 2 cores).
+// the race detector and -short too: go test -race ./index -long.
 var long = flag.Bool("long", false, "run the randomised index tests at their full sizes, also under -race and -short")
 
 // sized returns full, or reduced under the race detector or -short unless

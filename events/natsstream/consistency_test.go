@@ -28,7 +28,7 @@ func TestReplicasMatchASingleNodeFedTheSameEvents(t *testing.T) {
 	relay, err := NewRelay(ctx, RelayConfig{JetStream: js, Name: "relay-a", LeaseTTL: 2 * time.Second, Retain: 10 * time.Second})
 	require.NoError(t, err)
 	runUntilCleanup(t, func(ctx context.Context) { _ = relay.Run(ctx) })
-	require.Eventually(t, func() bool { return relay.Stats().Leader }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return relay.Stats().Leader }, waitLong, 10*time.Millisecond)
 
 	// The reference is the relay's own subscriber: a single node fed the
 	// engines' events. (A second subscriber of the same engines could see

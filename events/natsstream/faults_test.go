@@ -55,7 +55,7 @@ func startRelay(t *testing.T, env *natsEnv, name string, engines ...*engine) *re
 
 func waitLeader(t *testing.T, r *Relay) {
 	t.Helper()
-	require.Eventually(t, func() bool { return r.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Stats().Leader }, waitLong, 10*time.Millisecond)
 }
 
 // settle waits until node's subscriber applied and the stream holds each
@@ -101,7 +101,7 @@ func TestWarmStartFromSnapshotAfterReplayBuffersRotated(t *testing.T) {
 	// default is not the point; what a new replica needs is gone from
 	// the engines either way once the stream is purged).
 	publishAll(t, engines, 150)
-	require.Eventually(t, func() bool { return first.Status().Snapshots >= 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return first.Status().Snapshots >= 1 }, waitLong, 10*time.Millisecond)
 	last := publishAll(t, engines, 150)
 	settle(t, js, node, last, engines, first)
 	// A second snapshot purges what the first one covered.
@@ -110,7 +110,7 @@ func TestWarmStartFromSnapshotAfterReplayBuffersRotated(t *testing.T) {
 	require.Eventually(t, func() bool {
 		info, err := s.Info(context.Background())
 		return err == nil && info.State.FirstSeq > 1 && first.Status().Snapshots >= 2
-	}, 10*time.Second, 10*time.Millisecond, "the stream was never purged")
+	}, waitLong, 10*time.Millisecond, "the stream was never purged")
 
 	late := openReplica(t, js, ReplicaConfig{Name: "late"})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -141,7 +141,7 @@ func TestReplicaKilledAndRestartedCatchesUp(t *testing.T) {
 	vcancel()
 	<-vdone
 	publishAll(t, engines, 100)
-	require.Eventually(t, func() bool { return keeper.Status().Snapshots >= 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return keeper.Status().Snapshots >= 1 }, waitLong, 10*time.Millisecond)
 
 	again := openReplica(t, js, ReplicaConfig{Name: "victim"})
 	last := publishAll(t, engines, 50)

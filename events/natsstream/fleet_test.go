@@ -84,7 +84,7 @@ func TestThreeReplicasSpreadPullsAsOnePickerWould(t *testing.T) {
 				}
 			}
 			return true
-		}, 10*time.Second, time.Millisecond)
+		}, waitLong, time.Millisecond)
 	}
 	// Every replica's view of each holder's load is the fleet's.
 	for _, r := range rs {

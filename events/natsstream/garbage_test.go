@@ -47,7 +47,10 @@ func TestReplicaFedGarbageLogsEachKindOfLineOnce(t *testing.T) {
 	t.Logf("%d warn lines (%d bytes) in %.1fs for %d messages; bad %d, gaps %d", logs.n.Load(), logs.bytes.Load(), elapsed, 4*pods, st.BadMessages, st.Gaps)
 	require.Equal(t, uint64(2*pods), st.BadMessages, "no headers, and no msgpack")
 	require.Equal(t, uint64(pods), st.Gaps)
-	require.LessOrEqual(t, logs.n.Load(), int64(10), "a line per kind, not per name")
+	// Each kind may log once a logBudgetInterval: a loaded machine took
+	// 21 s, three intervals begun, for what takes 2-3 s alone.
+	windows := 1 + int64(time.Since(start)/logBudgetInterval)
+	require.LessOrEqual(t, logs.n.Load(), 10*windows, "a line per kind and interval, not per name")
 }
 
 func garbageMsg(cfg Config, pod, seq string, payload []byte) *nats.Msg {

@@ -122,7 +122,7 @@ func (e *engine) open(t *testing.T) {
 		var err error
 		p, err = zmq.NewPublisher(zmq.PublisherConfig{Bind: bind, ReplayEndpoint: replay, Topic: e.topic(), Drop: e.drop})
 		return err == nil
-	}, 10*time.Second, 20*time.Millisecond)
+	}, waitLong, 20*time.Millisecond)
 	e.pub = p
 	t.Cleanup(func() { p.Close() })
 }
@@ -198,7 +198,7 @@ func (e *engine) hello(t *testing.T, subs ...*zmq.Subscriber) {
 			}
 		}
 		return true
-	}, 10*time.Second, 20*time.Millisecond)
+	}, waitLong, 20*time.Millisecond)
 }
 
 // rejoin, after restart, publishes empty batches until every subscriber
@@ -228,7 +228,7 @@ func (e *engine) rejoin(t *testing.T, subs ...*zmq.Subscriber) {
 			}
 		}
 		return true
-	}, 10*time.Second, 20*time.Millisecond)
+	}, waitLong, 20*time.Millisecond)
 	t.Logf("rejoined after %v", time.Since(start))
 }
 
@@ -318,9 +318,15 @@ func streamLast(t *testing.T, js jetstream.JetStream) uint64 {
 	return info.State.LastSeq
 }
 
+// waitLong bounds the tests' waits for a condition: generous, since a test
+// that passes returns as soon as its condition holds, and `make test` runs
+// under -race on shared, loaded machines, where a replica's consumer took
+// over 5 s to start.
+const waitLong = 30 * time.Second
+
 func waitApplied(t *testing.T, seq uint64, rs ...*Replica) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
 	for _, r := range rs {
 		require.NoError(t, r.WaitApplied(ctx, seq), "replica %s at %d, want %d", r.cfg.Name, r.Status().AppliedSeq, seq)

@@ -34,7 +34,7 @@ func TestReplicaIsUnhealthyWhileItLagsMoreThanMaxLag(t *testing.T) {
 	for seq := range uint64(20) {
 		relay.Tap(events.TapBatch{Model: "m", Pod: "p", Seq: seq, Payload: payload})
 	}
-	require.Eventually(t, func() bool { return r.Healthy() != nil }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Healthy() != nil }, waitLong, 10*time.Millisecond)
 	st := r.Status()
 	require.NotZero(t, st.LagMessages)
 	require.Greater(t, st.LagSeconds, 0.2)
@@ -42,7 +42,7 @@ func TestReplicaIsUnhealthyWhileItLagsMoreThanMaxLag(t *testing.T) {
 
 	close(release)
 	waitApplied(t, streamLast(t, js), r)
-	require.Eventually(t, func() bool { return r.Healthy() == nil }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Healthy() == nil }, waitLong, 10*time.Millisecond)
 	require.Zero(t, r.Status().LagMessages)
 }
 

@@ -37,7 +37,7 @@ func TestRelayForgetsTheSubjectsOfPodsThatStoppedPublishing(t *testing.T) {
 		r.Tap(events.TapBatch{Model: "m", Pod: "10.0.0." + string(rune('1'+i)) + ":8000", Seq: 0, Payload: []byte{0x90}})
 	}
 	require.Equal(t, 3, subjects())
-	require.Eventually(t, func() bool { return subjects() == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return subjects() == 0 }, waitLong, 20*time.Millisecond)
 	// A pod that publishes again gets a subject again.
 	r.Tap(events.TapBatch{Model: "m", Pod: "10.0.0.1:8000", Seq: 1, Payload: []byte{0x90}})
 	require.Equal(t, 1, subjects())
@@ -48,7 +48,7 @@ func TestRelayForgetsTheSubjectsOfPodsThatStoppedPublishing(t *testing.T) {
 // taken for ones the stream has.
 func TestRelayPublishesARestartedEnginesBatchesAfterForgettingItsSubject(t *testing.T) {
 	r := startSweepingRelay(t)
-	require.Eventually(t, func() bool { return r.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Stats().Leader }, waitLong, 10*time.Millisecond)
 	tap := func(seq uint64, payload byte) {
 		r.Tap(events.TapBatch{Model: "m", Pod: "10.0.0.1:8000", Seq: seq, Payload: []byte{0x81, 0xa1, 't', payload}})
 	}
@@ -57,7 +57,7 @@ func TestRelayPublishesARestartedEnginesBatchesAfterForgettingItsSubject(t *test
 	}
 	require.NoError(t, r.Flush(context.Background()))
 	require.Equal(t, uint64(5), r.Stats().Published)
-	require.Eventually(t, func() bool { return r.subjectCount() == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return r.subjectCount() == 0 }, waitLong, 20*time.Millisecond)
 	tap(0, 100) // the restarted engine's first batches: other bytes
 	tap(1, 101)
 	require.NoError(t, r.Flush(context.Background()))

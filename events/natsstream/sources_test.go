@@ -56,14 +56,14 @@ func TestSourcesCarryTheLeadingRelaysHolderStatesToReplicas(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 
 	// A relay that does not lead writes nothing: no holder is a source.
-	require.Eventually(t, func() bool { return asked.Load() >= 3 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return asked.Load() >= 3 }, waitLong, time.Millisecond)
 	require.Zero(t, relaySide.Stats().Written)
 	state, ok := replicaSide.Source(a)
 	require.False(t, ok)
 	require.Equal(t, events.StateStale, state)
 
 	leader.Store(true)
-	require.Eventually(t, func() bool { _, ok := replicaSide.Source(a); return ok }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := replicaSide.Source(a); return ok }, waitLong, 5*time.Millisecond)
 	state, ok = replicaSide.Source(b)
 	require.False(t, ok)
 	require.Equal(t, events.StateDisconnected, state)
@@ -77,14 +77,14 @@ func TestSourcesCarryTheLeadingRelaysHolderStatesToReplicas(t *testing.T) {
 		sa, okA := replicaSide.Source(a)
 		_, okB := replicaSide.Source(b)
 		return !okA && sa == events.StateDisconnected && okB
-	}, 5*time.Second, 5*time.Millisecond)
+	}, waitLong, 5*time.Millisecond)
 
 	// The relay dies: after the bucket's TTL no holder is a source.
 	stop()
 	require.NoError(t, <-done)
 	done <- nil
 	died := time.Now()
-	require.Eventually(t, func() bool { _, ok := replicaSide.Source(b); return !ok }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := replicaSide.Source(b); return !ok }, waitLong, 5*time.Millisecond)
 	require.GreaterOrEqual(t, time.Since(died), interval, "the table lasts its TTL")
 	require.Equal(t, -1, replicaSide.Stats().Holders)
 }
@@ -128,7 +128,7 @@ func TestReplicasTakeSourcesTablesOnlyFromTheRelayLeasesHolder(t *testing.T) {
 		require.Eventually(t, func() bool {
 			st := replicaSide.Stats()
 			return st.NotHolder+st.Malformed > before.NotHolder+before.Malformed
-		}, 5*time.Second, 5*time.Millisecond)
+		}, waitLong, 5*time.Millisecond)
 		_, ok := replicaSide.Source(injected)
 		require.False(t, ok, "the injected pod is a source: %q", table)
 	}
@@ -142,7 +142,7 @@ func TestReplicasTakeSourcesTablesOnlyFromTheRelayLeasesHolder(t *testing.T) {
 	st := &fakeStatus{}
 	st.set(events.HolderStatus{Pod: "10.0.0.1:8000", State: events.StateLive})
 	runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, relaySide.Publish(ctx, st.get, relay.Leader)) })
-	require.Eventually(t, func() bool { _, ok := replicaSide.Source(index.Holder{Pod: "10.0.0.1:8000"}); return ok }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := replicaSide.Source(index.Holder{Pod: "10.0.0.1:8000"}); return ok }, waitLong, 5*time.Millisecond)
 	_, ok := replicaSide.Source(injected)
 	require.False(t, ok)
 }
@@ -201,13 +201,13 @@ func TestSourcesTableIsWrittenAtOnceWhenTheLeaseIsTaken(t *testing.T) {
 		done <- relaySide.Publish(ctx, (&fakeStatus{}).get, func() bool { asked.Add(1); return leader.Load() })
 	}()
 	t.Cleanup(func() { stop(); <-done })
-	require.Eventually(t, func() bool { return asked.Load() >= 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return asked.Load() >= 1 }, waitLong, time.Millisecond)
 	leader.Store(true)
-	require.Eventually(t, func() bool { return relaySide.Stats().Written == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return relaySide.Stats().Written == 1 }, waitLong, 5*time.Millisecond)
 	// Losing the lease and taking it again writes again at once.
 	leader.Store(false)
 	seen := asked.Load()
-	require.Eventually(t, func() bool { return asked.Load() > seen }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return asked.Load() > seen }, waitLong, time.Millisecond)
 	leader.Store(true)
-	require.Eventually(t, func() bool { return relaySide.Stats().Written == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return relaySide.Stats().Written == 2 }, waitLong, 5*time.Millisecond)
 }

@@ -83,9 +83,9 @@ func TestRelayIsNotStalledByABatchTooBigOrASubjectTooLong(t *testing.T) {
 
 	ix := r.Index()
 	blocks := func(pod string) int { return ix.HolderBlocks("m", index.Holder{Pod: pod})["GPU"] }
-	require.Eventually(t, func() bool { return blocks("10.0.0.3:8000") == 4 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return blocks("10.0.0.3:8000") == 4 }, waitLong, 10*time.Millisecond,
 		"the good pod never reached the replica")
-	require.Eventually(t, func() bool { return blocks("10.0.0.1:8000") == bigBlocks }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return blocks("10.0.0.1:8000") == bigBlocks }, waitLong, 10*time.Millisecond,
 		"the big batch never reached the replica whole")
 	elapsed := time.Since(start).Seconds()
 	t.Logf("warn lines: %d (%d bytes) in %.1fs", logs.n.Load(), logs.bytes.Load(), elapsed)
@@ -126,7 +126,7 @@ func TestRelayTapDoesNotWaitForAStreamThatIsDown(t *testing.T) {
 		require.True(t, tapWithin(relay, events.TapBatch{Model: "m", Pod: "10.0.0.1:8000", Seq: seq + 1, Payload: storeBatch(100+seq, 1)}, time.Second))
 	}
 	require.Less(t, time.Since(start), time.Second, "100 Taps with NATS down")
-	require.Eventually(t, func() bool { return relay.Healthy() != nil }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return relay.Healthy() != nil }, waitLong, 10*time.Millisecond)
 	st := relay.Stats()
 	require.Equal(t, 50, st.Backlog, "RetainN bounds the backlog")
 	require.Equal(t, uint64(50), st.Expired)

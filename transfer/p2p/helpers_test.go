@@ -32,6 +32,12 @@ const (
 	fastTimeout = 300 * time.Millisecond
 )
 
+// waitLong bounds the waits for a condition (pins released, a counter
+// reached): generous, since a passing test returns as soon as it holds and
+// `make test` runs under -race on shared, loaded machines (1 s and 2 s
+// were the tightest such waits in the repository).
+const waitLong = 30 * time.Second
+
 func testEndpoint() Endpoint {
 	return Endpoint{Host: "127.0.0.1", HandshakeTimeout: slowTimeout, Logger: quiet}
 }

@@ -86,7 +86,7 @@ func TestProducerServesAPythonConsumer(t *testing.T) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.sessions) == 0 && store.Pinned() == 0
-	}, 5*time.Second, 10*time.Millisecond, "disconnect ends the session and releases every pin")
+	}, waitLong, 10*time.Millisecond, "disconnect ends the session and releases every pin")
 }
 
 func repeat(c byte) []byte {

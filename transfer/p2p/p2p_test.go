@@ -34,7 +34,7 @@ func TestGoClientAndProducerCompleteAPullOverLoopback(t *testing.T) {
 		require.Equal(t, f.blocks[string(k)], f.block(dst[i]), "block %d", dst[i])
 	}
 	require.Equal(t, make([]byte, testBlockLen), f.block(1), "blocks not fetched stay untouched")
-	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, time.Second, 5*time.Millisecond, "a finished round releases its pins")
+	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, waitLong, 5*time.Millisecond, "a finished round releases its pins")
 
 	// The next round of the same session.
 	hits, err = f.session.Lookup(ctx, keys[2:3])
@@ -51,7 +51,7 @@ func TestGoClientAndProducerCompleteAPullOverLoopback(t *testing.T) {
 	require.Equal(t, uint64(4), ps.Blocks)
 
 	require.NoError(t, f.session.Close())
-	require.Eventually(t, func() bool { return f.producerSessions() == 0 }, 2*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return f.producerSessions() == 0 }, waitLong, 5*time.Millisecond,
 		"disconnect ends the producer's session")
 	_, err = f.session.Lookup(ctx, keys)
 	require.ErrorIs(t, err, transfer.ErrClosed)
@@ -64,7 +64,7 @@ func TestProbeAndMeasurePullAgainstAGoProducer(t *testing.T) {
 	r, err := transfer.Probe(ctx, f.session, keys)
 	require.NoError(t, err)
 	require.Equal(t, 4, r.Prefix)
-	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, waitLong, 5*time.Millisecond,
 		"the probe's empty fetch releases the pins")
 
 	samples, err := transfer.MeasurePull(ctx, f.session, keys[:4], []int{0, 1, 2, 3}, transfer.PullPlan{})
@@ -84,7 +84,7 @@ func TestEmptyFetchReleasesPinsWithoutAReply(t *testing.T) {
 	require.Equal(t, 2, f.store.Pinned())
 	_, err = f.session.Fetch(ctx, nil, nil)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, waitLong, 5*time.Millisecond)
 	require.Zero(t, f.client.Stats().Stale, "no reply came")
 	require.Equal(t, uint64(0), f.prod.Stats().FetchFailures)
 }
@@ -123,7 +123,7 @@ func TestFetchOfAnUnpinnedKeyFailsTheRound(t *testing.T) {
 			err := tt.run(f.session)
 			require.ErrorIs(t, err, transfer.ErrMissingKeys)
 			require.Equal(t, uint64(1), f.prod.Stats().FetchFailures, "the producer answered success=false")
-			require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, waitLong, 5*time.Millisecond)
 			// The session survives a failed round.
 			hits, err := f.session.Lookup(ctx, []transfer.Key{testKey(1)})
 			require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestExpiredPinsFailTheFetch(t *testing.T) {
 	ctx := context.Background()
 	_, err := f.session.Lookup(ctx, []transfer.Key{testKey(0)})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return f.prod.Stats().PinsExpired == 1 }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return f.prod.Stats().PinsExpired == 1 }, waitLong, 5*time.Millisecond)
 	require.Zero(t, f.store.Pinned())
 	_, err = f.session.Fetch(ctx, []transfer.Key{testKey(0)}, []int{0})
 	require.ErrorIs(t, err, transfer.ErrFetchFailed, "the client saw a hit; the producer no longer had it")
@@ -182,7 +182,7 @@ func TestMismatchedConnectFailsTheHandshake(t *testing.T) {
 			} else {
 				require.ErrorContains(t, err, "peer's connect rejected")
 			}
-			require.Eventually(t, func() bool { return f.prod.Stats().Rejected == 1 }, time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return f.prod.Stats().Rejected == 1 }, waitLong, 5*time.Millisecond)
 			require.Zero(t, f.prod.Stats().Sessions)
 		})
 	}
@@ -239,7 +239,7 @@ func TestAbortStopsAnInFlightFetch(t *testing.T) {
 	require.ErrorIs(t, receive(t, done), transfer.ErrAborted)
 	require.Equal(t, make([]byte, 2*testBlockLen), f.dst[:2*testBlockLen], "the aborted write never happened")
 	require.Equal(t, uint64(1), f.prod.Stats().Aborts)
-	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, waitLong, 5*time.Millisecond)
 
 	// The session goes on with the next round.
 	close(plane.release)
@@ -269,7 +269,7 @@ func TestAbortWithoutAFetchIsAcknowledged(t *testing.T) {
 	_, err := f.session.Lookup(ctx, []transfer.Key{testKey(0)})
 	require.NoError(t, err)
 	require.NoError(t, f.session.Abort(ctx))
-	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, time.Second, 5*time.Millisecond, "abort releases the round's pins")
+	require.Eventually(t, func() bool { return f.store.Pinned() == 0 }, waitLong, 5*time.Millisecond, "abort releases the round's pins")
 }
 
 func TestProducerClosingMidFetchLosesThePeer(t *testing.T) {
@@ -309,7 +309,7 @@ func TestProducerCrashIsDetectedByTheMonitor(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, err := f.session.Lookup(ctx, []transfer.Key{testKey(0)})
 		return errors.Is(err, transfer.ErrPeerLost)
-	}, 5*time.Second, 20*time.Millisecond)
+	}, waitLong, 20*time.Millisecond)
 }
 
 func TestClientValidatesFetchArguments(t *testing.T) {

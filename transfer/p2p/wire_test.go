@@ -360,7 +360,7 @@ func TestProducerHandshakeQueuesRepliesUntilAcknowledged(t *testing.T) {
 	require.Equal(t, p.ID(), peer.expect(TypeConnectAck).PeerID)
 
 	peer.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0), testKey(9), testKey(1)}, RoundSeq: 4})
-	require.Eventually(t, func() bool { return p.Stats().Lookups == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return p.Stats().Lookups == 1 }, waitLong, time.Millisecond)
 	require.Equal(t, 1, queuedReplies(p, peer.id), "the answered lookup's reply waits for the acknowledgement")
 	peer.send(message{Type: TypeConnectAck, PeerID: peer.id})
 	resp := peer.expect(TypeLookupResp)
@@ -446,7 +446,7 @@ func TestProducerDropsSessionsThatBreakTheProtocol(t *testing.T) {
 			tt.send(peer)
 			require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
 			require.Equal(t, uint64(1), p.Stats().Malformed)
-			require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return store.Pinned() == 0 }, waitLong, 5*time.Millisecond)
 		})
 	}
 }
@@ -502,7 +502,7 @@ func TestProducerIgnoresUnknownTypesAndMessagesBeforeConnect(t *testing.T) {
 	stranger.send(message{Type: TypeLookup, KVRequestID: "r", Keys: [][]byte{testKey(0)}})
 	// The stranger's connection is not the peer's: nothing orders its message
 	// before the peer's lookup response.
-	require.Eventually(t, func() bool { return p.Stats().Ignored == 1 }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return p.Stats().Ignored == 1 }, waitLong, 5*time.Millisecond,
 		"a lookup before connect is ignored")
 	peer, _ := handshakeRaw(t, p, nil)
 	peer.sendRaw(unhex(t, "81 a4 74797065 a4 70696e67")) // {"type": "ping"}
@@ -520,7 +520,7 @@ func TestProducerReapsAConsumerThatNeverAcknowledges(t *testing.T) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.sessions) == 0
-	}, 2*time.Second, 10*time.Millisecond)
+	}, waitLong, 10*time.Millisecond)
 }
 
 func TestProducerReapsALostConsumerAndReleasesItsPins(t *testing.T) {
@@ -530,7 +530,7 @@ func TestProducerReapsALostConsumerAndReleasesItsPins(t *testing.T) {
 	peer.expect(TypeLookupResp)
 	require.Equal(t, 1, store.Pinned())
 	peer.close()
-	require.Eventually(t, func() bool { return store.Pinned() == 0 && p.Stats().Lost == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return store.Pinned() == 0 && p.Stats().Lost == 1 }, waitLong, 10*time.Millisecond)
 	require.NoError(t, store.Evict(testKey(0)), "no pin is left")
 }
 
@@ -577,7 +577,7 @@ func TestProducerDropsASecondFetchOfARunningRound(t *testing.T) {
 	require.Equal(t, TypeDisconnect, peer.expect(TypeDisconnect).Type)
 	require.Equal(t, uint64(1), p.Stats().Malformed)
 	close(plane.release)
-	require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return store.Pinned() == 0 }, waitLong, 5*time.Millisecond)
 }
 
 // slowAddPlane holds AddRemote until release and reports each remote's Close.
@@ -620,7 +620,7 @@ func TestProducerUnloadsAPeerLostWhileItsMetadataLoads(t *testing.T) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return p.Stats().Lost == 1 && len(p.sessions) == 0
-	}, 5*time.Second, 10*time.Millisecond)
+	}, waitLong, 10*time.Millisecond)
 	close(plane.release)
 	receive(t, plane.closed)
 	require.Zero(t, p.Stats().Sessions, "the lost consumer was never acknowledged")
@@ -639,7 +639,7 @@ func TestOversizedFramesAreDroppedBeforeDecoding(t *testing.T) {
 	small := newRawPeer(t, "127.0.0.1")
 	small.dial(p.ID())
 	small.sendRaw([]byte("junk"))
-	require.Eventually(t, func() bool { return p.Stats().Malformed == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return p.Stats().Malformed == 1 }, waitLong, 10*time.Millisecond)
 	require.Equal(t, uint64(1), p.Stats().Malformed, "the oversized frame never reached the decoder")
 }
 
@@ -649,7 +649,7 @@ func TestMultiFrameMessagesAreCountedAndDropped(t *testing.T) {
 	r.dial(p.ID())
 	_, err := r.dealer.SendMessage([]byte("a"), []byte("b"))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return p.Stats().Frames == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return p.Stats().Frames == 1 }, waitLong, 10*time.Millisecond)
 	require.Zero(t, p.Stats().Malformed, "a dropped message never reaches the decoder")
 }
 
@@ -703,7 +703,7 @@ func TestProducerServesAFinishedRoundAgainUnderTheSameRoundSeq(t *testing.T) {
 			require.Equal(t, strings.Repeat("b", testBlockLen), string(mem[5*testBlockLen:6*testBlockLen]))
 			require.Zero(t, p.Stats().Malformed)
 			require.Zero(t, openRounds(p, peer.id))
-			require.Eventually(t, func() bool { return store.Pinned() == 0 }, time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return store.Pinned() == 0 }, waitLong, 5*time.Millisecond)
 		})
 	}
 }
@@ -777,12 +777,12 @@ func TestProducerGivesUpOnAnUnreachableRejectedConsumer(t *testing.T) {
 		peer := newRawPeer(t, "127.0.0.1")
 		peer.id = newGate(t, "127.0.0.1:1").addr() // never opened
 		connectRaw(t, p, peer, func(m *message) { m.HashSeed = "1234" })
-		require.Eventually(t, func() bool { return p.Stats().Rejected == 1 }, 5*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return p.Stats().Rejected == 1 }, waitLong, 5*time.Millisecond)
 		return p
 	}
 	t.Run("after RejectLinger", func(t *testing.T) {
 		p := rejectUnreachable(t, 50*time.Millisecond)
-		require.Eventually(t, func() bool { return producerDealers(p) == 0 }, 5*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return producerDealers(p) == 0 }, waitLong, 5*time.Millisecond)
 		require.Zero(t, p.Stats().Lost, "a rejected session is not lost")
 	})
 	t.Run("at Close", func(t *testing.T) {
