@@ -39,6 +39,7 @@ test-nixl: deps
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem -timeout 60m ./...
 	KVSOURCE_LOAD=1 $(GO) test ./service -run '^TestServeLoad$$' -count 1 -v -timeout 10m
+	$(GO) test -race ./index -run 'TestIndexMatches|TestReadersSee|TestAHolderID' -long -count 1 -timeout 30m
 	@set -e; $(NIXL_ENV); set -x; \
 	$(GO) test -tags nixl ./transfer/p2p -run '^$$' -bench 'PullLoopback' -benchtime $(BENCHTIME) -benchmem -timeout 10m
 
