@@ -71,3 +71,4 @@ fuzz: deps
 	$(GO) test ./examples/eppplugin/kvplugin -run '^$$' -fuzz FuzzPrefixParameters -fuzztime $(FUZZTIME)
 	$(GO) test ./picker/kvhints -run '^$$' -fuzz FuzzHintEncoders -fuzztime $(FUZZTIME)
 	$(GO) test ./service -run '^$$' -fuzz FuzzParseKVCRFlags -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/jsonw -run '^$$' -fuzz FuzzAppendString -fuzztime $(FUZZTIME)

@@ -11,9 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/jsonw"
 	"github.com/kvsource/kvsource/internal/tokjson"
 	"github.com/kvsource/kvsource/picker"
 )
@@ -175,19 +175,19 @@ func (a *pickAnswer) appendJSON(b []byte) ([]byte, error) {
 	d := a.d
 	pull := d.Reason == picker.ReasonPull
 	b = append(b, `{"destination":`...)
-	b = appendString(b, d.Destination.Pod)
+	b = jsonw.AppendString(b, d.Destination.Pod)
 	b = append(b, `,"destination_dp_rank":`...)
 	b = strconv.AppendInt(b, int64(d.Destination.Rank), 10)
 	b = append(b, `,"source":`...)
 	if pull {
-		b = appendString(b, d.Source.Pod)
+		b = jsonw.AppendString(b, d.Source.Pod)
 		b = append(b, `,"source_dp_rank":`...)
 		b = strconv.AppendInt(b, int64(d.Source.Rank), 10)
 	} else {
 		b = append(b, "null"...)
 	}
 	b = append(b, `,"reason":`...)
-	b = appendString(b, string(d.Reason))
+	b = jsonw.AppendString(b, string(d.Reason))
 	for _, f := range [...]struct {
 		name string
 		v    int
@@ -198,7 +198,7 @@ func (a *pickAnswer) appendJSON(b []byte) ([]byte, error) {
 	}
 	if d.SkippedState != "" {
 		b = append(b, `,"skipped_state":`...)
-		b = appendString(b, d.SkippedState)
+		b = jsonw.AppendString(b, d.SkippedState)
 	}
 	b = append(b, `,"recompute_blocks":`...)
 	b = strconv.AppendInt(b, int64(d.Recompute), 10)
@@ -214,16 +214,16 @@ func (a *pickAnswer) appendJSON(b []byte) ([]byte, error) {
 	b = append(b, `],"header":{`...)
 	if pull {
 		name, value := d.Header()
-		b = appendString(b, name)
+		b = jsonw.AppendString(b, name)
 		b = append(b, ':')
-		b = appendString(b, value)
+		b = jsonw.AppendString(b, value)
 	}
 	b = append(b, `},"kv_transfer_params":{`...)
 	if src := a.kv.RemoteKVSource; src != nil {
 		b = append(b, `"remote_kv_source":{"kv_request_id":`...)
-		b = appendString(b, src.KVRequestID)
+		b = jsonw.AppendString(b, src.KVRequestID)
 		b = append(b, `,"remote_host":`...)
-		b = appendString(b, src.RemoteHost)
+		b = jsonw.AppendString(b, src.RemoteHost)
 		b = append(b, `,"remote_port":`...)
 		b = strconv.AppendInt(b, int64(src.RemotePort), 10)
 		b = append(b, '}')
@@ -243,7 +243,7 @@ func (a *pickAnswer) appendJSON(b []byte) ([]byte, error) {
 	}
 	if a.hint != nil {
 		b = append(b, `,"hint_reason":`...)
-		b = appendString(b, string(a.hint.reason))
+		b = jsonw.AppendString(b, string(a.hint.reason))
 	}
 	return append(b, "}\n"...), nil
 }
@@ -278,7 +278,7 @@ func (a *scoreAnswer) response() ScoreResponse {
 // response(), newline included.
 func (a *scoreAnswer) appendJSON(b []byte) ([]byte, error) {
 	b = append(b, `{"model":`...)
-	b = appendString(b, a.model)
+	b = jsonw.AppendString(b, a.model)
 	b = append(b, `,"blocks":`...)
 	b = strconv.AppendInt(b, int64(a.blocks), 10)
 	b = append(b, `,"pods":[`...)
@@ -287,7 +287,7 @@ func (a *scoreAnswer) appendJSON(b []byte) ([]byte, error) {
 			b = append(b, ',')
 		}
 		b = append(b, `{"pod":`...)
-		b = appendString(b, p.holder.Pod)
+		b = jsonw.AppendString(b, p.holder.Pod)
 		b = append(b, `,"dp_rank":`...)
 		b = strconv.AppendInt(b, int64(p.holder.Rank), 10)
 		b = append(b, `,"matched_blocks":`...)
@@ -328,7 +328,7 @@ func appendTiers(b []byte, tp []index.TierPrefix) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendString(b, t.Tier)
+		b = jsonw.AppendString(b, t.Tier)
 		b = append(b, ':')
 		b = strconv.AppendInt(b, int64(t.Blocks), 10)
 	}
@@ -406,57 +406,4 @@ func digits8(v uint32) uint64 {
 	t := (y * 103 >> 10) & 0x000F000F000F000F
 	y = (y-t*10)<<8 | t
 	return y | 0x3030303030303030
-}
-
-const hexKey = "0123456789abcdef"
-
-// appendString appends s as a JSON string, escaped as encoding/json's
-// Encoder escapes it (HTML characters too; invalid UTF-8 as U+FFFD).
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '\\', '"':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexKey[c>>4], hexKey[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexKey[r&0xF])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

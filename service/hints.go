@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/jsonw"
 	"github.com/kvsource/kvsource/picker"
 	"github.com/kvsource/kvsource/picker/kvhints"
 )
@@ -279,7 +280,7 @@ func (a *hintAnswer) appendParams(b []byte, more bool) ([]byte, error) {
 	if more {
 		b = append(b, ',')
 	}
-	b = appendString(b, string(a.placement))
+	b = jsonw.AppendString(b, string(a.placement))
 	b = append(b, ':')
 	if a.placement == kvhints.PlacementRouterHint {
 		return a.hint.AppendRouterHint(b)

@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/kvsource/kvsource/internal/jsonw"
 )
 
 // The envelope's constants, as vLLM's KvHintsEnvelope and Dynamo's
@@ -102,7 +103,7 @@ func (h *Hint) AppendEnvelope(b []byte) ([]byte, error) {
 		return b, err
 	}
 	b = append(b, `{"protocol_version":"`+ProtocolVersion+`","message_id":`...)
-	b = appendString(b, h.MessageID)
+	b = jsonw.AppendString(b, h.MessageID)
 	b = append(b, `,"actions":[{"action_id":"`+ActionID+`","action_type":"`+ActionFetch+`","action_version":"`+ActionVersion+`","payload":`...)
 	b = h.appendFetchPayload(b)
 	return append(b, "}]}"...), nil
@@ -114,7 +115,7 @@ func (h *Hint) appendFetchPayload(b []byte) []byte {
 	b = append(b, `{"block_hashes":`...)
 	b = appendHashes(b, h.BlockHashes)
 	b = append(b, `,"source_control_endpoint":`...)
-	b = appendString(b, h.SourceControlEndpoint)
+	b = jsonw.AppendString(b, h.SourceControlEndpoint)
 	return append(b, '}')
 }
 
@@ -127,7 +128,7 @@ func (h *Hint) AppendRouterHint(b []byte) ([]byte, error) {
 		return b, err
 	}
 	b = append(b, `{"source_control_endpoint":`...)
-	b = appendString(b, h.SourceControlEndpoint)
+	b = jsonw.AppendString(b, h.SourceControlEndpoint)
 	b = append(b, `,"block_hashes":`...)
 	b = appendHashes(b, h.BlockHashes)
 	return append(b, '}'), nil
@@ -251,7 +252,7 @@ func appendMerged(b, obj []byte, key string, value func([]byte) ([]byte, error))
 			b = append(b, ',')
 		}
 		n++
-		b = appendString(b, k)
+		b = jsonw.AppendString(b, k)
 		b = append(b, ':')
 		if key != "" && k == key {
 			if placed {
@@ -267,7 +268,7 @@ func appendMerged(b, obj []byte, key string, value func([]byte) ([]byte, error))
 		if n > 0 {
 			b = append(b, ',')
 		}
-		b = appendString(b, key)
+		b = jsonw.AppendString(b, key)
 		b = append(b, ':')
 		err = put()
 	}
@@ -320,59 +321,4 @@ func walkObject(obj []byte, f func(k string, v []byte) error) error {
 		return errors.New("kvhints: trailing data after the JSON object")
 	}
 	return nil
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string escaped as encoding/json escapes
-// it (HTML characters, U+2028 and U+2029 too; invalid UTF-8 as U+FFFD), so
-// that kvsource serve's answers match encoding/json's byte for byte;
-// Python's json reads every escape back as the same string.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '\\', '"':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
