@@ -602,12 +602,7 @@ func (ix *Index) RemoveHolder(h Holder) {
 		if ok {
 			hs.mu.Lock()
 			hs.dead = true
-			tiers := hs.tierList()
-			tabs := make([]*table, len(tiers))
-			gone := make([]bool, len(tiers))
-			for ti, ts := range tiers {
-				tabs[ti], gone[ti] = ts.tab.Load(), true
-			}
+			tabs, gone := hs.everyTable()
 			if hs.lid.Load() != 0 {
 				// Its layer holdings go, and then its id there.
 				ly := ms.layer
@@ -674,6 +669,18 @@ func (ix *Index) holdsReal(model string, h Holder) bool {
 	return ok && (hs.live.Load() != 0 || hs.lid.Load() != 0)
 }
 
+// everyTable returns hs's tables, each marked gone, for a holder that goes
+// whole. hs.mu is held.
+func (hs *holderState) everyTable() (tabs []*table, gone []bool) {
+	tiers := hs.tierList()
+	tabs = make([]*table, len(tiers))
+	gone = make([]bool, len(tiers))
+	for ti, ts := range tiers {
+		tabs[ti], gone[ti] = ts.tab.Load(), true
+	}
+	return tabs, gone
+}
+
 // forgetGuesser forgets h under model when it holds nothing outside
 // TierSpeculative: a holder Speculative made for a destination no engine
 // has reported from, once its last entry is gone. Left, it would be listed
@@ -690,12 +697,7 @@ func (ix *Index) forgetGuesser(model string, h Holder) {
 	// Dead first, so that a writer waiting for hs makes a new state
 	// rather than write to this one once it is unlisted.
 	hs.dead = true
-	tiers := hs.tierList()
-	tabs := make([]*table, len(tiers))
-	gone := make([]bool, len(tiers))
-	for ti, ts := range tiers {
-		tabs[ti], gone[ti] = ts.tab.Load(), true
-	}
+	tabs, gone := hs.everyTable()
 	hs.dropRoots(tabs, gone, true)
 	hs.mu.Unlock()
 	ms := hs.ms
