@@ -131,7 +131,9 @@
 //     model its stream follows: a message under another model is a new
 //     engine process on the address (an engine serves one model), which
 //     clears the holder in every model and starts its stream again, as a
-//     restart does. So the models a sender fills are bounded by its
+//     restart does; a holder a snapshot brought in keeps, at its first
+//     message, only the snapshot's entries under the model it publishes
+//     (HolderPruner). So the models a sender fills are bounded by its
 //     holders, and a pod IP reused by another deployment is no source for
 //     the dead engine's model.
 //   - Per-pod state (sequence tracking, connection state, the bind socket's

@@ -204,6 +204,13 @@ type Config struct {
 	// the holder's worker, so a slow Tap delays that worker's pods; the
 	// payload is valid only during the call.
 	Tap func(TapBatch)
+	// Tapped says the messages are another Processor's Tap batches (a
+	// replica reading a relay's log): they carry no heartbeats, which
+	// never reach a Tap, so a batch repeating the last applied number is
+	// always a restart the relay applied, such as a new process's empty
+	// first batch at 0 after its predecessor's 0. The replica has no
+	// connection events to tell the two apart, as a relay's subscriber does.
+	Tapped bool
 }
 
 // TapBatch is one batch as Config.Tap sees it.

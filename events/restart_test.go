@@ -168,3 +168,74 @@ func TestModelNamesOfOneHolderDoNotAccumulate(t *testing.T) {
 	require.Len(t, ix.HolderList(), 1)
 	require.Less(t, grew, int64(4<<20))
 }
+
+// A holder an index snapshot brought in keeps, once its engine publishes,
+// only what the snapshot had under the model it publishes: a process that
+// took over the address may serve another model, and the snapshot's
+// entries under the old one are no stream's. Continuing or with a gap, the
+// new model's own snapshot entries stay when the sequence continues.
+func TestASnapshotHolderKeepsOnlyTheModelItsEnginePublishes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		seq      uint64
+		keepsOwn bool
+	}{
+		{"sequence continues", 6, true},
+		{"sequence gap", 9, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := index.New(index.Config{})
+			h := index.Holder{Pod: "10.0.0.9:8000"}
+			ix.Store(index.Blocks{Model: "model-a", Holder: h, Tier: index.TierGPU, Keys: []uint64{101, 102}})
+			ix.Store(index.Blocks{Model: "model-b", Holder: h, Tier: index.TierGPU, Keys: []uint64{201, 202}})
+			p := startProcessor(t, Config{Sink: ix, InitialSeqs: map[index.Holder]uint64{h: 5}})
+			ctx := t.Context()
+			stored := batchOf(storedTokens(nil, seqTokens(1, 8), 301, 302))
+			p.Handle(ctx, Message{Pod: h.Pod, Model: "model-b", Seq: tc.seq, Payload: AppendBatch(nil, &stored, LayoutMap, 0)})
+			require.NoError(t, p.WaitApplied(ctx, h, tc.seq))
+
+			var res index.Result
+			ix.Lookup("model-a", []uint64{101, 102}, &res)
+			require.Nil(t, res.Holder(h), "the snapshot's other model is not the stream's")
+			ix.Lookup("model-b", []uint64{201, 202}, &res)
+			require.Equal(t, tc.keepsOwn, res.Holder(h) != nil, "the published model's snapshot entries")
+			ix.Lookup("model-b", []uint64{301, 302}, &res)
+			require.NotNil(t, res.Holder(h))
+			require.Equal(t, []index.HolderModel{{Model: "model-b", Holder: h}}, ix.HolderList())
+		})
+	}
+}
+
+// A replica reads batches a relay applied (Config.Tapped): heartbeats never
+// reach it, so an empty batch repeating the last applied number is the
+// relay's restart, a new process's first batch at 0 after its
+// predecessor's, and clears the holder as the relay's own subscriber did,
+// although the replica sees no reconnect.
+func TestATappedStreamTakesARepeatedEmptyBatchAsARestart(t *testing.T) {
+	for _, tapped := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tapped %v", tapped), func(t *testing.T) {
+			ix := index.New(index.Config{})
+			p := startProcessor(t, Config{Sink: ix, Tapped: tapped})
+			ctx := t.Context()
+			h := index.Holder{Pod: "10.0.0.8:8000"}
+			stored := batchOf(storedTokens(nil, seqTokens(1, 8), 11, 12))
+			p.Handle(ctx, Message{Pod: h.Pod, Model: "m", Seq: 0, Payload: AppendBatch(nil, &stored, LayoutMap, 0), Engine: EngineSGLang})
+			require.NoError(t, p.WaitApplied(ctx, h, 0))
+			empty := batchOf()
+			p.Handle(ctx, Message{Pod: h.Pod, Model: "m", Seq: 0, Payload: AppendBatch(nil, &empty, LayoutArray, 0), Engine: EngineSGLang})
+			require.NoError(t, p.Sync(ctx))
+
+			var res index.Result
+			ix.Lookup("m", []uint64{11, 12}, &res)
+			require.Equal(t, !tapped, res.Holder(h) != nil, "the dead process's blocks")
+			st := p.Stats()
+			if tapped {
+				require.Equal(t, uint64(1), st.Restarts)
+				require.Zero(t, st.Heartbeats)
+			} else {
+				require.Zero(t, st.Restarts)
+				require.Equal(t, uint64(1), st.Heartbeats)
+			}
+		})
+	}
+}

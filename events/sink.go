@@ -27,3 +27,15 @@ type Sink interface {
 type HolderRemover interface {
 	RemoveHolder(h index.Holder)
 }
+
+// HolderPruner is implemented by a Sink that can forget a holder in every
+// model but one, which a Processor needs when a holder an index snapshot
+// brought in (Config.InitialSeqs) first publishes: its entries under any
+// other model are not its stream's, since an engine serves one model, and
+// a process that took over the address may serve another. Without it the
+// Processor removes the holder in every model (HolderRemover), which costs
+// the snapshot's entries of the model it does publish: a miss, never a
+// wrong source. *index.Index implements it.
+type HolderPruner interface {
+	RemoveHolderExcept(h index.Holder, model string)
+}

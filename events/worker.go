@@ -454,6 +454,7 @@ func (w *worker) holder(m *message, rank int) *holder {
 			h.started, h.next, h.liveMax = true, seq+1, seq
 			h.lastSeq.Store(seq)
 			h.hasSeq.Store(true)
+			w.pruneModels(id, m.Model)
 		}
 		if w.p.cfg.ContentKeys != nil {
 			h.content = newContentMap(w.p.cfg.ContentMapSize)
@@ -478,6 +479,19 @@ func (w *worker) holder(m *message, rank int) *holder {
 		h.statModel.Store(&m.Model)
 	}
 	return h
+}
+
+// pruneModels forgets what an index snapshot brought in for holder id
+// under any model but the one its first message names: only the entries
+// under the model a holder's stream follows are kept (see switchModel),
+// and the snapshot's other models are no stream's.
+func (w *worker) pruneModels(id index.Holder, model string) {
+	switch sink := w.p.cfg.Sink.(type) {
+	case HolderPruner:
+		sink.RemoveHolderExcept(id, model)
+	case HolderRemover:
+		sink.RemoveHolder(id)
+	}
 }
 
 // switchModel handles the first message of h under another model than
@@ -617,7 +631,7 @@ func (w *worker) step(h *holder, seq, epoch uint64, payload []byte) {
 // time, and no new process starts at a later number: those stay
 // heartbeats.
 func (w *worker) heartbeat(h *holder, seq, epoch uint64) bool {
-	if len(w.batch.Events) != 0 || !h.hasSeq.Load() || seq+1 != h.next {
+	if w.p.cfg.Tapped || len(w.batch.Events) != 0 || !h.hasSeq.Load() || seq+1 != h.next {
 		return false
 	}
 	if seq != 0 {

@@ -591,8 +591,17 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 
 // RemoveHolder forgets h in every model, e.g. when its pod is gone. A
 // model left with no holder is freed.
-func (ix *Index) RemoveHolder(h Holder) {
+func (ix *Index) RemoveHolder(h Holder) { ix.removeHolder(h, "", false) }
+
+// RemoveHolderExcept forgets h in every model but keep: what a snapshot
+// brought in for a holder whose engine now publishes keep.
+func (ix *Index) RemoveHolderExcept(h Holder, keep string) { ix.removeHolder(h, keep, true) }
+
+func (ix *Index) removeHolder(h Holder, keep string, except bool) {
 	ix.models.Range(func(name string, ms *modelState) bool {
+		if except && name == keep {
+			return true
+		}
 		ms.mu.Lock()
 		hs, ok := ms.holders.LoadAndDelete(h)
 		if ok {

@@ -348,3 +348,6 @@ func (s *Speculative) ClearHolder(model string, h Holder, tier string) {
 
 // RemoveHolder removes h from the index, speculative entries included.
 func (s *Speculative) RemoveHolder(h Holder) { s.ix.RemoveHolder(h) }
+
+// RemoveHolderExcept is Index.RemoveHolderExcept (events.HolderPruner).
+func (s *Speculative) RemoveHolderExcept(h Holder, keep string) { s.ix.RemoveHolderExcept(h, keep) }

@@ -56,7 +56,11 @@
 // replica hands the stream's batches, in order, to an events.Processor
 // (the same sequencing a subscriber runs, without a replay endpoint), so
 // it reaches the state the relay's own subscriber reached: gaps and
-// restarts clear the holder alike. Across subjects, the stream's order is the order of
+// restarts clear the holder alike. The replica's Processor is
+// events.Config.Tapped, since it sees no connection events: the relay
+// forwards no heartbeat, so a batch repeating the last applied number (a
+// new engine's empty first batch at 0 after its predecessor's 0) is a
+// restart there too. Across subjects, the stream's order is the order of
 // arrival, which nothing should depend on. The stream carries the
 // engines' payloads as they were received, so a fleet whose relays index
 // content keys (events.Config.ContentKeys) needs replicas that apply it

@@ -263,7 +263,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	// not expire by this replica's clock: every replica must apply the same
 	// stream to the same index.
 	r.proc, err = events.NewProcessor(events.Config{Sink: r.ix, InitialSeqs: seqs, EnqueueTimeout: 24 * time.Hour, Logger: log,
-		QueueBytes: math.MaxInt64, SnapshotExpiry: time.Duration(math.MaxInt64), ContentKeys: cfg.ContentKeys})
+		QueueBytes: math.MaxInt64, SnapshotExpiry: time.Duration(math.MaxInt64), ContentKeys: cfg.ContentKeys, Tapped: true})
 	if err != nil {
 		return nil, fmt.Errorf("natsstream: %w", err)
 	}
