@@ -179,20 +179,10 @@ func (h *hintPath) read(dest *pod, body []byte) (*pullOrder, error) {
 // lacks land, the rest is recomputed. It verifies what arrived and returns
 // the number of leading blocks pulled.
 func (s *sdkPath) fetchHinted(dest *pod, r *request, o *pullOrder, keys []uint64) (int, error) {
-	f, h := s.f, s.hints
-	ctx := f.ctx
-	sess, err := s.session(dest, o.addr)
+	ctx := s.f.ctx
+	sess, hits, err := s.lookup(ctx, dest, r, o, keys, "start_write at")
 	if err != nil {
 		return 0, err
-	}
-	s.tkeys = s.tkeys[:0]
-	for _, k := range keys {
-		s.tkeys = append(s.tkeys, f.eng.offload[k])
-	}
-	hits, err := sess.Lookup(ctx, s.tkeys)
-	if err != nil {
-		s.drop(dest, o.addr)
-		return 0, fmt.Errorf("start_write at %s for %s: %w", o.addr, r.name, err)
 	}
 	// completed_indices: the keys the source could get, written into the
 	// destination blocks named for them.
@@ -206,22 +196,11 @@ func (s *sdkPath) fetchHinted(dest *pod, r *request, o *pullOrder, keys []uint64
 	}
 	n := transfer.Prefix(hits)
 	if len(done) < len(keys) {
-		h.stats.partial++
-		h.stats.stranded += len(done) - n
+		s.hints.stats.partial++
+		s.hints.stats.stranded += len(done) - n
 	}
-	if len(done) == 0 {
-		_, err := sess.Fetch(ctx, nil, nil)
+	if err := s.fetchAt(ctx, dest, r, o, sess, done, "write from"); err != nil {
 		return 0, err
-	}
-	f.res.PullsIssued++
-	st, err := sess.Fetch(ctx, done, s.idx)
-	if err != nil {
-		s.drop(dest, o.addr)
-		return 0, fmt.Errorf("write from %s for %s: %w", o.addr, r.name, err)
-	}
-	f.res.BytesMoved += st.Bytes
-	if s.verifyAt(dest, done, s.idx, st) {
-		f.res.PullsVerified++
 	}
 	return n, nil
 }

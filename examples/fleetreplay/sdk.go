@@ -287,41 +287,61 @@ func (s *sdkPath) fetch(dest *pod, r *request, o *pullOrder, keys []uint64) (int
 	if o.hinted != nil {
 		return s.fetchHinted(dest, r, o, keys)
 	}
-	f := s.f
 	ctx := context.Background()
-	sess, err := s.session(dest, o.addr)
+	sess, hits, err := s.lookup(ctx, dest, r, o, keys, "lookup at")
 	if err != nil {
 		return 0, err
-	}
-	s.tkeys = s.tkeys[:0]
-	for _, k := range keys {
-		s.tkeys = append(s.tkeys, f.eng.offload[k])
-	}
-	hits, err := sess.Lookup(ctx, s.tkeys)
-	if err != nil {
-		s.drop(dest, o.addr)
-		return 0, fmt.Errorf("lookup at %s for %s: %w", o.addr, r.name, err)
 	}
 	n := transfer.Prefix(hits)
-	if n == 0 {
-		_, err := sess.Fetch(ctx, nil, nil)
-		return 0, err
-	}
 	s.idx = s.idx[:0]
 	for i := range n {
 		s.idx = append(s.idx, i)
 	}
-	f.res.PullsIssued++
-	st, err := sess.Fetch(ctx, s.tkeys[:n], s.idx)
-	if err != nil {
-		s.drop(dest, o.addr)
-		return 0, fmt.Errorf("fetch from %s for %s: %w", o.addr, r.name, err)
-	}
-	f.res.BytesMoved += st.Bytes
-	if s.verifyAt(dest, s.tkeys[:n], s.idx, st) {
-		f.res.PullsVerified++
+	if err := s.fetchAt(ctx, dest, r, o, sess, s.tkeys[:n], "fetch from"); err != nil {
+		return 0, err
 	}
 	return n, nil
+}
+
+// lookup turns keys into the transfer keys s.tkeys and looks them up at
+// the order's source; what names the step in an error.
+func (s *sdkPath) lookup(ctx context.Context, dest *pod, r *request, o *pullOrder, keys []uint64, what string) (transfer.Session, []bool, error) {
+	sess, err := s.session(dest, o.addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.tkeys = s.tkeys[:0]
+	for _, k := range keys {
+		s.tkeys = append(s.tkeys, s.f.eng.offload[k])
+	}
+	hits, err := sess.Lookup(ctx, s.tkeys)
+	if err != nil {
+		s.drop(dest, o.addr)
+		return nil, nil, fmt.Errorf("%s %s for %s: %w", what, o.addr, r.name, err)
+	}
+	return sess, hits, nil
+}
+
+// fetchAt fetches keys into dest's blocks s.idx (none: the session's
+// release of the lookup's pins), counts the pull and verifies what
+// arrived; what names the step in an error.
+func (s *sdkPath) fetchAt(ctx context.Context, dest *pod, r *request, o *pullOrder, sess transfer.Session, keys []transfer.Key, what string) error {
+	if len(keys) == 0 {
+		_, err := sess.Fetch(ctx, nil, nil)
+		return err
+	}
+	f := s.f
+	f.res.PullsIssued++
+	st, err := sess.Fetch(ctx, keys, s.idx)
+	if err != nil {
+		s.drop(dest, o.addr)
+		return fmt.Errorf("%s %s for %s: %w", what, o.addr, r.name, err)
+	}
+	f.res.BytesMoved += st.Bytes
+	if s.verifyAt(dest, keys, s.idx, st) {
+		f.res.PullsVerified++
+	}
+	return nil
 }
 
 // verifyAt checks a fetch moved exactly the blocks it named, keys[i] into
