@@ -87,8 +87,8 @@ type holderSet struct {
 }
 
 const (
-	smallMax = 32
-	smallMin = 16
+	smallMax = 64
+	smallMin = 32
 	largeMin = 256
 )
 

@@ -48,16 +48,22 @@ func (t *keyTab) home(h uint64) uint64 { return (h << keyShardBits) >> t.shift }
 
 // find returns the id of key's entry.
 func (ms *modelState) find(key uint64) (uint32, bool) {
+	id, en := ms.findEntry(key)
+	return id, en != nil
+}
+
+// findEntry returns key's entry and its id; nil when there is none.
+func (ms *modelState) findEntry(key uint64) (uint32, *entry) {
 	h := keyHash(key)
 	t := ms.keys[h>>(64-keyShardBits)].tab.Load()
 	for i := t.home(h); ; i = (i + 1) & t.mask {
 		switch v := t.slots[i].Load(); v {
 		case 0:
-			return 0, false
+			return 0, nil
 		case tomb:
 		default:
-			if ms.entry(v-1).key.Load() == key {
-				return v - 1, true
+			if en := ms.entry(v - 1); en.key.Load() == key {
+				return v - 1, en
 			}
 		}
 	}

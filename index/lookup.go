@@ -30,17 +30,34 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 	sc.begin(v)
 	prev := v
 	j := 1
-	for ; j < len(keys) && (sc.count > 0 || len(sc.sp) > 0); j++ {
-		if v, ok = ms.view(keys[j]); !ok {
-			break
+walk:
+	for j < len(keys) && (sc.count > 0 || len(sc.sp) > 0) {
+		// The entries of a batch of blocks are found first: the probes
+		// are independent, so their cache misses overlap.
+		n := min(len(keys)-j, len(sc.ens))
+		for i, k := range keys[j : j+n] {
+			_, sc.ens[i] = ms.findEntry(k)
 		}
-		if sc.count == 0 && v.same(prev) {
-			// The same holders in the same lanes as the block before:
-			// every candidate left holds this one as it held that one.
-			continue
+		for i := range n {
+			if sc.ens[i] == nil {
+				break walk
+			}
+			if v, ok = ms.readEntry(sc.ens[i], keys[j]); !ok {
+				break walk
+			}
+			if sc.count == 0 && v.same(prev) {
+				// The same holders in the same lanes as the block before:
+				// every candidate left holds this one as it held that one.
+				j++
+				continue
+			}
+			sc.step(v, j, &out)
+			prev = v
+			j++
+			if sc.count == 0 && len(sc.sp) == 0 {
+				break walk
+			}
 		}
-		sc.step(v, j, &out)
-		prev = v
 	}
 	sc.finish(j, &out)
 	res.Hits = out.hits
@@ -52,6 +69,7 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 // held the first in; one whose lane stops while it goes on becomes a
 // track.
 type scan struct {
+	ens      [32]*entry // a batch of blocks' entries
 	words    int
 	any      []uint64
 	lanes    [maxTiers][]uint64

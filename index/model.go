@@ -123,7 +123,10 @@ func (ms *modelState) setAt(slot uint32) *holderSet {
 // read returns what entry id says of key: false when it is not (or no
 // longer) key's entry.
 func (ms *modelState) read(id uint32, key uint64) (view, bool) {
-	en := ms.entry(id)
+	return ms.readEntry(ms.entry(id), key)
+}
+
+func (ms *modelState) readEntry(en *entry, key uint64) (view, bool) {
 	for {
 		w := en.word.Load()
 		if en.key.Load() != key {
@@ -149,11 +152,11 @@ func (ms *modelState) read(id uint32, key uint64) (view, bool) {
 
 // view returns key's holders; false when no entry has key.
 func (ms *modelState) view(key uint64) (view, bool) {
-	id, ok := ms.find(key)
-	if !ok {
+	_, en := ms.findEntry(key)
+	if en == nil {
 		return view{}, false
 	}
-	return ms.read(id, key)
+	return ms.readEntry(en, key)
 }
 
 // allocEntries appends n entry ids to dst, for keys, and sets their keys:
