@@ -14,19 +14,21 @@ const maxTiers = 8
 // KV cache groups and eviction queues. Its holdings are bits in the
 // model's entries; they change only under mu.
 type holderState struct {
-	ms   *modelState
+	// What a lookup reads of each holder it reports comes first, in one
+	// cache line.
 	h    Holder
-	id   uint32 // in elements; the holder's for its life
 	born uint64 // ms.releases when it got id (see modelState.holderAt)
+	id   uint32 // in elements; the holder's for its life
+	// lanes names the holder's tiers by lane, in the order it first stored
+	// in them; replaced whole (readers), never shrunk. guess is the lane of
+	// TierSpeculative, -1 before there is one.
+	lanes atomic.Pointer[laneList]
+	ms    *modelState
 
 	mu sync.Mutex
 	// dead: the holder left its model; a writer that waited for mu
 	// makes a new state.
-	dead bool
-	// lanes names the holder's tiers by lane, in the order it first stored
-	// in them; replaced whole (readers), never shrunk. guess is the lane of
-	// TierSpeculative, -1 before there is one.
-	lanes atomic.Pointer[[]string]
+	dead  bool
 	guess int
 	held  [maxTiers]atomic.Int64 // holdings per lane
 	// live counts the holdings outside the guess lane: what capacity and
@@ -48,7 +50,16 @@ type holderState struct {
 
 func groupKey(id uint32, lane int) uint64 { return uint64(id)<<3 | uint64(lane) }
 
-func (hs *holderState) laneNames() []string { return *hs.lanes.Load() }
+// laneList is a holder's lane names, in one allocation.
+type laneList struct {
+	n     int
+	names [maxTiers]string
+}
+
+func (hs *holderState) laneNames() []string {
+	ll := hs.lanes.Load()
+	return ll.names[:ll.n]
+}
 
 // lane returns the lane of tier, adding it when create is set; -1 when
 // absent, or when the holder has maxTiers lanes.
@@ -60,12 +71,14 @@ func (hs *holderState) lane(tier string, create bool) int {
 	if !create || len(names) >= maxTiers {
 		return -1
 	}
-	next := append(slices.Clip(names), tier)
-	hs.lanes.Store(&next)
+	next := &laneList{n: len(names) + 1}
+	copy(next.names[:], names)
+	next.names[len(names)] = tier
+	hs.lanes.Store(next)
 	if tier == TierSpeculative {
-		hs.guess = len(next) - 1
+		hs.guess = len(names)
 	}
-	return len(next) - 1
+	return len(names)
 }
 
 // lanesOf returns the mask of the lanes named in tiers, all for nil.

@@ -226,7 +226,7 @@ func (ms *modelState) newHolder(h Holder, capacity int64) *holderState {
 		ms.nextID++
 	}
 	hs := &holderState{ms: ms, h: h, id: id, born: ms.releases.Load(), guess: -1}
-	hs.lanes.Store(&[]string{})
+	hs.lanes.Store(&laneList{})
 	hs.capacity.Store(capacity)
 	ms.reg.set(id, hs)
 	ms.holders.Store(h, hs)
