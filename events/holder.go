@@ -222,12 +222,6 @@ func (w *worker) switchModel(h *holder, model string, seq uint64) {
 	h.c[cRestarts].Add(1)
 	w.p.limited.logf(slog.LevelWarn, "events: engine publishes another model (a new process on the address), clearing its entries",
 		h.id.Pod, "rank", h.id.Rank, "model", logName(h.model), "new_model", logName(model), "seq", seq)
-	w.removeHolder(h.id, h.model)
-	if h.content != nil {
-		h.content.reset()
-	}
-	h.started, h.next, h.liveMax = false, 0, 0
-	h.keepStale, h.resyncing, h.matched = false, false, false
-	h.gpuBlockSize = h.gpuBlockSize[:0]
-	h.setStale()
+	w.clearEntries(h)
+	h.resetStream()
 }

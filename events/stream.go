@@ -7,54 +7,47 @@ import (
 
 // replays reports whether step(h, seq, epoch) would replay.
 func (w *worker) replays(h *holder, seq, epoch uint64) bool {
-	if !w.canReplay(h) || h.conflict.Load() {
-		return false
+	return w.canReplay(h) && !h.conflict.Load() && decide(h.seqState(), w.seqMsg(h, seq, epoch)).replays(seq)
+}
+
+// seqState is h's stream as decide reads it.
+func (h *holder) seqState() seqState {
+	return seqState{started: h.started, next: h.next, liveMax: h.liveMax, hasSeq: h.hasSeq.Load(), trt: h.engine == EngineTRTLLM}
+}
+
+// seqMsg is batch seq of h, in w.batch, handed at Processor.epoch epoch,
+// as decide reads it.
+func (w *worker) seqMsg(h *holder, seq, epoch uint64) seqMsg {
+	m := seqMsg{seq: seq, empty: len(w.batch.Events) == 0, tapped: w.p.cfg.Tapped}
+	if ps := h.ps.Load(); ps != nil {
+		up := ps.upAt.Load()
+		m.reconnected = h.confirmed.Load() < up && epoch >= up
 	}
-	switch {
-	case !h.started:
-		return seq != 0
-	case seq == h.next, w.heartbeat(h, seq, epoch):
-		return false
-	case seq > h.next:
-		return true
-	case seq > h.liveMax:
-		return false
-	}
-	return seq != 0
+	return m
 }
 
 // step applies w.batch, batch seq of h (payload as received, handed at
-// Processor.epoch epoch), after what its sequence number says about the
-// batches before it.
+// Processor.epoch epoch), after doing what decide says its sequence
+// number means for the batches before it.
 func (w *worker) step(h *holder, seq, epoch uint64, payload []byte) {
-	switch {
-	case !h.started:
+	switch decide(h.seqState(), w.seqMsg(h, seq, epoch)) {
+	case actJoin:
 		h.started = true
 		w.catchUp(h, seq)
-	case seq == h.next:
-	case w.heartbeat(h, seq, epoch):
+	case actApply:
+	case actHeartbeat:
 		w.p.c[cHeartbeats].Add(1)
 		return
-	case h.engine == EngineTRTLLM && seq > h.next && seq-h.next >= TRTRestartJump:
-		// TensorRT-LLM's numbers start at its process's time_ns.
+	case actRestart:
 		w.restart(h, seq)
 		w.catchUp(h, seq)
-	case seq > h.next:
-		w.p.c[cGaps].Add(1)
-		h.c[cGaps].Add(1)
-		w.p.limited.logf(slog.LevelWarn, "events: sequence gap", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
-		if w.canReplay(h) {
-			w.replay(h, h.next, seq)
-		}
-		if seq > h.next {
-			w.unrecovered(h, h.next, seq-1, "no replay endpoint or replay failed")
-		}
-	case seq > h.liveMax:
-		// Already applied from a replay that ran ahead of the live stream.
+	case actGap:
+		w.gap(h, seq)
+	case actDuplicate:
 		w.p.c[cDups].Add(1)
 		h.liveMax = seq
 		return
-	default:
+	case actBackwards:
 		if w.enterConflict(h, seq) {
 			return
 		}
@@ -69,31 +62,18 @@ func (w *worker) step(h *holder, seq, epoch uint64, payload []byte) {
 	w.apply(h, &w.batch, seq, payload)
 }
 
-// heartbeat reports whether batch seq of h, in w.batch, handed at epoch,
-// is an empty batch repeating the last applied number: a heartbeat of the
-// same process, which must not read as a restart.
-//
-// Except 0 repeating 0 on a connection that came up since h last
-// confirmed a message: vLLM and SGLang number a new process's batches
-// from 0, so that is as likely a new process's first batch, an empty one,
-// as its predecessor's heartbeat, and only the restart keeps the index a
-// subset of the engine's blocks (a heartbeat would make the dead
-// process's blocks a source again). TensorRT-LLM numbers from its start
-// time, and no new process starts at a later number: those stay
-// heartbeats.
-func (w *worker) heartbeat(h *holder, seq, epoch uint64) bool {
-	if w.p.cfg.Tapped || len(w.batch.Events) != 0 || !h.hasSeq.Load() || seq+1 != h.next {
-		return false
+// gap closes the gap before batch seq of h from replay when it can, and
+// applies the gap policy to what replay did not deliver.
+func (w *worker) gap(h *holder, seq uint64) {
+	w.p.c[cGaps].Add(1)
+	h.c[cGaps].Add(1)
+	w.p.limited.logf(slog.LevelWarn, "events: sequence gap", h.id.Pod, "rank", h.id.Rank, "expected", h.next, "seq", seq)
+	if w.canReplay(h) {
+		w.replay(h, h.next, seq)
 	}
-	if seq != 0 {
-		return true
+	if seq > h.next {
+		w.unrecovered(h, h.next, seq-1, "no replay endpoint or replay failed")
 	}
-	ps := h.ps.Load()
-	if ps == nil {
-		return true
-	}
-	up := ps.upAt.Load()
-	return h.confirmed.Load() >= up || epoch < up
 }
 
 // catchUp fetches, when the pod has a replay endpoint, the batches before
@@ -120,8 +100,8 @@ func (w *worker) catchUp(h *holder, seq uint64) {
 	}
 }
 
-// restart handles a sequence number that went backwards: a new engine
-// process with an empty cache.
+// restart handles a new engine process on h's address, which batch seq's
+// number shows: its cache is empty, and its stream goes on from seq.
 func (w *worker) restart(h *holder, seq uint64) {
 	w.p.c[cRestarts].Add(1)
 	h.c[cRestarts].Add(1)
@@ -131,16 +111,26 @@ func (w *worker) restart(h *holder, seq uint64) {
 	}
 	w.p.limited.logf(slog.LevelWarn, "events: engine restarted (its sequence "+how+" an applied number), clearing its entries",
 		h.id.Pod, "rank", h.id.Rank, "last_applied_seq", h.next-1, "seq", seq)
-	// In every model: a new process's cache is empty, and a snapshot may
-	// have brought the holder in under a model its new stream does not
-	// follow.
+	w.clearEntries(h)
+	h.resetStream()
+	h.started, h.next, h.liveMax = true, seq, seq
+}
+
+// clearEntries removes h's entries in every model: a new process's cache
+// is empty, and a snapshot may have brought the holder in under a model
+// its new stream does not follow.
+func (w *worker) clearEntries(h *holder) {
 	w.removeHolder(h.id, h.model)
 	if h.content != nil {
 		h.content.reset()
 	}
-	h.next, h.liveMax = seq, seq
-	h.keepStale, h.resyncing = false, false
-	h.matched = false
+}
+
+// resetStream forgets what h's stream said so far (a restart, another
+// model, a conflict over): its next message starts it as a new holder's.
+func (h *holder) resetStream() {
+	h.started, h.next, h.liveMax = false, 0, 0
+	h.keepStale, h.resyncing, h.matched = false, false, false
 	h.gpuBlockSize = h.gpuBlockSize[:0]
 	h.setStale()
 }
@@ -169,10 +159,7 @@ func (w *worker) enterConflict(h *holder, seq uint64) bool {
 		"under one name, or a peer replaying its numbers): clearing its entries and dropping its messages until one stops; "+
 		"it is no pull source meanwhile",
 		h.id.Pod, "rank", h.id.Rank, "last_seq", h.next-1, "seq", seq, "restarts_within", w.p.cfg.ConflictWindow)
-	w.removeHolder(h.id, h.model)
-	if h.content != nil {
-		h.content.reset()
-	}
+	w.clearEntries(h)
 	h.lastBack, h.lastConflictSeq = now, seq
 	h.conflict.Store(true)
 	return true
@@ -194,10 +181,7 @@ func (w *worker) conflicted(h *holder, seq uint64) bool {
 	}
 	w.p.limited.logf(slog.LevelWarn, "events: holder's sequence numbers consistent again, leaving state conflict as a new holder",
 		h.id.Pod, "rank", h.id.Rank, "seq", seq)
-	h.started, h.next, h.liveMax = false, 0, 0
-	h.keepStale, h.resyncing, h.matched = false, false, false
-	h.gpuBlockSize = h.gpuBlockSize[:0]
-	h.setStale()
+	h.resetStream()
 	h.conflict.Store(false)
 	return false
 }
