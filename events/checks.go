@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvsource/kvsource/hashing"
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // request returns the hashing request for tokens, the leading blocks of e,
@@ -144,7 +145,7 @@ func (w *worker) checkAgreement(h *holder, e *Event, seq uint64) {
 	args := []any{"pod", h.id.Pod, "rank", h.id.Rank, "model", h.model, "seq", seq, "detail", cause,
 		"router_algo", string(cfg.Algo), "router_seed", cfg.Seed, "router_block_size", cfg.BlockSize, "engine_block_size", e.BlockSize,
 		"mismatches", h.c[cHashMismatches].Load()}
-	w.p.log.Error(hashMismatchLog+diag, withLeftOut(args, leftOut)...)
+	w.p.log.Error(hashMismatchLog+diag, ratelog.WithLeftOut(args, leftOut)...)
 }
 
 // The messages of the lines a holder limits by itself, whose kind's budget
@@ -204,7 +205,7 @@ func (w *worker) checkOffloadBlockSize(h *holder, e *Event, seq uint64) bool {
 	if !ok {
 		return true
 	}
-	w.p.log.Warn(chunkedOffloadLog, withLeftOut(args, leftOut)...)
+	w.p.log.Warn(chunkedOffloadLog, ratelog.WithLeftOut(args, leftOut)...)
 	return true
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/boundmap"
 	"github.com/kvsource/kvsource/internal/notify"
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // MaxModelBytes bounds a message's model name: Hugging Face names
@@ -390,7 +391,7 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second, budget: cfg.LogBudget},
+	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, lim: &ratelog.Limiter{Interval: time.Second, Budget: cfg.LogBudget}},
 		ctx: context.Background(), senders: map[string]int{}}, nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvsource/kvsource/events"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // Defaults of FleetConfig.
@@ -123,7 +124,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	// The pulls bucket holds what anyone with a replica's credentials
 	// wrote: what the fleet logs of it is on a budget.
-	log = withLogBudget(log, logBudgetInterval)
+	log = ratelog.Budgeted(log, logBudgetInterval)
 	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_PULLS", cfg.TTL)
 	if err != nil {
 		return nil, err

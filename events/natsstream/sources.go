@@ -73,7 +73,9 @@ type Sources struct {
 	table atomic.Pointer[map[index.Holder]string]
 
 	written, writeErrors, updates, malformed, notHolder atomic.Uint64
-	warned, warnedHolder                                ratelog.Gate
+	// warns limits the warnings: a table is written, and a watch
+	// retried, every Interval.
+	warns ratelog.Limiter
 }
 
 // sourcesKey is the table's key: one table, the leading relay's.
@@ -101,7 +103,7 @@ func NewSources(ctx context.Context, cfg SourcesConfig) (*Sources, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sources{cfg: cfg, kv: kv, log: log}, nil
+	return &Sources{cfg: cfg, kv: kv, log: log, warns: ratelog.Limiter{Interval: time.Minute}}, nil
 }
 
 // Publish writes status's holder states every Interval while leader
@@ -272,7 +274,7 @@ func (s *Sources) watch(ctx context.Context) {
 					// The lease's first update has not arrived: at start-up
 					// the table often comes first, and waits for it.
 					s.log.Debug("natsstream: a sources table waits for the relay lease's update", "owner", truncate(owner, 256))
-				} else if _, ok := s.warnedHolder.Allow(time.Minute); ok {
+				} else if _, _, ok := s.warns.Allow("not_holder", ""); ok {
 					s.log.Warn("natsstream: dropped a sources table not from the relay lease's holder (yet)",
 						"owner", truncate(owner, 256), "holder", holder)
 				}
@@ -300,10 +302,9 @@ func (s *Sources) Source(h index.Holder) (state string, ok bool) {
 	return st, st == events.StateLive
 }
 
-// warn logs at most once a minute: a table is written, and a watch
-// retried, every Interval.
+// warn logs at most once a minute, whatever the message.
 func (s *Sources) warn(msg string, args ...any) {
-	if _, ok := s.warned.Allow(time.Minute); ok {
+	if _, _, ok := s.warns.Allow("warn", ""); ok {
 		s.log.Warn(msg, args...)
 	}
 }
