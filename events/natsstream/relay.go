@@ -167,7 +167,7 @@ func NewRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 	if cfg.JetStream == nil {
 		return nil, fmt.Errorf("%w: RelayConfig.JetStream is required", ErrConfig)
 	}
-	cfg.Config = cfg.Config.withDefaults()
+	cfg.Config = cfg.Config.WithDefaults()
 	cfg.Bind = false // the relay is what creates them
 	cfg.Name = defaultName(cfg.Name)
 	if cfg.LeaseTTL <= 0 {
@@ -202,22 +202,26 @@ func NewRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_RELAY", cfg.LeaseTTL)
+	kv, err := cfg.KeyValue(ctx, cfg.JetStream, "_RELAY", cfg.LeaseTTL)
 	if err != nil {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, js: cfg.JetStream, stream: s, log: log, subjects: map[string]*relaySubject{},
 		warns: ratelog.Limiter{Interval: 10 * time.Second},
 		wake:  make(chan struct{}, 1),
-		lease: &lease{kv: kv, key: relayLeaseKey, owner: uniqueOwner(cfg.Name), ttl: cfg.LeaseTTL, log: log}}
+		lease: &lease{kv: kv, key: RelayLeaseKey, owner: uniqueOwner(cfg.Name), ttl: cfg.LeaseTTL, log: log}}
 	bg := context.Background()
 	r.ctx.Store(&bg)
 	return r, nil
 }
 
-// relayLeaseKey is the relay lease's key in <Stream>_RELAY; its value is
-// the holder's owner name, which the sources table repeats.
-const relayLeaseKey = "relay"
+// RelayLeaseKey is the relay lease's key in <Stream>_RELAY; its value is
+// the holder's owner name (Relay.Owner), which the sources table repeats.
+const RelayLeaseKey = "relay"
+
+// Owner is the name the relay holds the relay lease under, unique to this
+// process.
+func (r *Relay) Owner() string { return r.lease.owner }
 
 // Run holds or waits for the relay lease until ctx is done, and publishes
 // what Tap kept while it holds it, first what a previous holder left out

@@ -193,7 +193,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	if cfg.JetStream == nil {
 		return nil, fmt.Errorf("%w: ReplicaConfig.JetStream is required", ErrConfig)
 	}
-	cfg.Config = cfg.Config.withDefaults()
+	cfg.Config = cfg.Config.WithDefaults()
 	if cfg.Name == "" {
 		// Replicas' names key their durable state: two in one process
 		// must differ.
@@ -231,7 +231,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 		ready: make(chan struct{}), joining: map[partKey]*joining{}}
 	r.snapTaken.Store(-1)
 	if cfg.SnapshotInterval > 0 {
-		kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SNAPLEASE", cfg.SnapshotLeaseTTL)
+		kv, err := cfg.KeyValue(ctx, cfg.JetStream, "_SNAPLEASE", cfg.SnapshotLeaseTTL)
 		if err != nil {
 			return nil, err
 		}
@@ -708,7 +708,7 @@ func (r *Replica) dropJoin(key partKey, j *joining) {
 // batches from the stream: last sequence numbers, gaps, replays and the
 // other per-holder counters of events.HolderStatus. Its State is the
 // replica's own view; which holders may serve pulls is the relay's (see
-// Sources).
+// natsfleet.Sources).
 func (r *Replica) Holders() []events.HolderStatus { return r.proc.Status() }
 
 // Status returns the replica's progress.
