@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/cputime"
 	"github.com/kvsource/kvsource/internal/mooncake"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
@@ -129,7 +130,7 @@ func (q *mooncakeQueue) close() {
 func (q *mooncakeQueue) drain(ix *index.Index, holders []index.Holder) time.Duration {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	cpu0 := threadCPU()
+	cpu0 := cputime.Thread()
 	var batch []mooncakeItem
 	for {
 		q.mu.Lock()
@@ -141,7 +142,7 @@ func (q *mooncakeQueue) drain(ix *index.Index, holders []index.Holder) time.Dura
 		}
 		if len(batch) == 0 {
 			if closed {
-				return threadCPU() - cpu0
+				return cputime.Thread() - cpu0
 			}
 			<-q.wake
 		}
@@ -262,7 +263,7 @@ func runMooncake(ld *mooncakeLoad, windowMS uint64) *mooncakeResult {
 		}
 	}
 	runtime.GC()
-	cpu0 := processCPU()
+	cpu0 := cputime.Process()
 	start := time.Now()
 	close(gate)
 	done.Wait()
@@ -271,7 +272,7 @@ func runMooncake(ld *mooncakeLoad, windowMS uint64) *mooncakeResult {
 		q.close()
 	}
 	drained.Wait()
-	cpu := processCPU() - cpu0
+	cpu := cputime.Process() - cpu0
 
 	r := &mooncakeResult{
 		windowMS: windowMS,
@@ -415,10 +416,10 @@ func BenchmarkMooncakeFind(b *testing.B) {
 	for b.Loop() {
 		wall, cpu, hits = wall[:0], cpu[:0], 0
 		for _, keys := range prompts {
-			c0, t0 := threadCPU(), time.Now()
+			c0, t0 := cputime.Thread(), time.Now()
 			ix.Lookup(mooncakeModel, keys, &res)
 			wall = append(wall, time.Since(t0))
-			cpu = append(cpu, threadCPU()-c0)
+			cpu = append(cpu, cputime.Thread()-c0)
 			hits += len(res.Hits)
 		}
 	}
