@@ -21,7 +21,8 @@ type entry struct {
 //	kindNone  no holder (a new entry, before its first holding)
 //	kindOne   one holder, inline: its element in bits 8-47
 //	kindSet   two or more: bits 24-55 are the slot of the entry's
-//	          holderSet in the model's set table
+//	          holderSet in the model's set table, bits 3-23 the slot's
+//	          generation
 //	kindFree  freed: the key table no longer names it
 //
 // Readers take no lock: they load the word, then check the key (a freed
@@ -35,6 +36,8 @@ const (
 	kindSet      = 2 << 1
 	kindFree     = 3 << 1
 	oneShift     = 8
+	setGenShift  = 3
+	setGenMask   = 1<<21 - 1
 	setSlotShift = 24
 )
 

@@ -366,7 +366,9 @@ func (ms *modelState) resolve(keys []uint64, dst []uint32) []uint32 {
 			continue
 		}
 		id, ok := ms.insert(k, made[i])
-		if !ok {
+		if ok {
+			ms.entry(id).unlock(kindNone)
+		} else {
 			// Another writer made k's entry meanwhile (or k came twice).
 			ms.releaseEntry(made[i])
 		}

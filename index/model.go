@@ -42,6 +42,7 @@ type modelState struct {
 	sets       atomic.Pointer[[]setChunk]
 	nextSet    uint32
 	freeSets   []uint32
+	setGen     uint32
 	entries    atomic.Int64 // entries in use
 	setEntries atomic.Int64 // entries with a holder set
 	// shared is the Index's count of entries with a holder set.
@@ -177,18 +178,21 @@ func (ms *modelState) allocEntries(keys []uint64, dst []uint32) []uint32 {
 			ms.nextEntry++
 			growChunks(&ms.arena, id)
 		}
+		// Locked until published (resolve) or released: a writer holding
+		// the id from the entry's last life waits, then finds it the key's
+		// or free.
 		en := ms.entry(id)
+		en.word.Store(kindNone | wordLock)
 		en.key.Store(k)
-		en.word.Store(kindNone)
 		dst = append(dst, id)
 	}
 	ms.entries.Add(int64(len(keys)))
 	return dst
 }
 
-// releaseEntry returns an id allocated and not published.
+// releaseEntry returns an id allocated and not published, still locked.
 func (ms *modelState) releaseEntry(id uint32) {
-	ms.entry(id).word.Store(kindFree)
+	ms.entry(id).unlock(kindFree)
 	ms.allocMu.Lock()
 	ms.freeEntry = append(ms.freeEntry, id)
 	ms.allocMu.Unlock()
@@ -210,7 +214,10 @@ func (ms *modelState) free(en *entry, id uint32, key uint64) {
 	ms.entries.Add(-1)
 }
 
-func (ms *modelState) allocSet(s *holderSet) uint32 {
+// allocSet gives s a slot and returns the holder word that names it,
+// with a generation: a reader that loaded the word, then the slot, then
+// the word again, tells a slot freed and given back meanwhile.
+func (ms *modelState) allocSet(s *holderSet) uint64 {
 	ms.allocMu.Lock()
 	var slot uint32
 	if n := len(ms.freeSets); n > 0 {
@@ -222,10 +229,12 @@ func (ms *modelState) allocSet(s *holderSet) uint32 {
 		growChunks(&ms.sets, slot)
 	}
 	ms.putSet(slot, s)
+	ms.setGen++
+	gen := ms.setGen
 	ms.allocMu.Unlock()
 	ms.setEntries.Add(1)
 	ms.shared.Add(1)
-	return slot
+	return kindSet | uint64(slot)<<setSlotShift | uint64(gen)&setGenMask<<setGenShift
 }
 
 func (ms *modelState) putSet(slot uint32, s *holderSet) {

@@ -51,6 +51,12 @@ func (q *queue) pop() (id uint32, lane int, ok bool) {
 		q.head++
 		if q.head == len(q.items) {
 			q.items, q.head = q.items[:0], 0
+		} else if q.head >= 64 && q.head*2 >= len(q.items) {
+			// A holder at capacity pops as it pushes and never empties:
+			// the popped front goes, or appends would keep copying it.
+			k := copy(q.items, q.items[q.head:])
+			clear(q.items[k:])
+			q.items, q.head = q.items[:k], 0
 		}
 	} else {
 		q.items[q.head] = packRun(first+1, lane, n-1)

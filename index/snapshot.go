@@ -305,17 +305,25 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 		h := d.holder()
 		seqs[h] = d.uvarint()
 	}
+	seen := make(map[string]bool)
 	for range d.count(2) {
 		name := d.str()
 		if d.err != nil {
 			break
 		}
-		if _, ok := ix.models.Load(name); ok {
+		if seen[name] {
 			d.fail("model %q twice", name)
 			break
 		}
-		ms := ix.model(name, true)
+		seen[name] = true
+		// A model is made with its first holder: one with none (a file
+		// SaveHolders left its holders out of) would cost its state for
+		// good, and a small file could name many.
+		var ms *modelState
 		for range d.count(3) {
+			if ms == nil {
+				ms = ix.model(name, true)
+			}
 			sh := d.savedHolder()
 			if d.err != nil {
 				break

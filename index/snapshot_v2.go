@@ -1,5 +1,7 @@
 package index
 
+import "slices"
+
 // Formats 1 and 2 kept a holder's blocks per tier as the slots of its
 // table (key, groups, depth, the slot of its parent) and its eviction
 // order as entries naming a slot or, from format 2, a block kept once for
@@ -138,7 +140,9 @@ func (d *decoder) v2Slots(h Holder, tier string) []v2Slot {
 					d.fail("holder %v tier %q: bad group %d", h, tier, g)
 				}
 			}
+			// The old index kept negative groups with the others.
 			s.groups = append(s.groups, ext...)
+			slices.Sort(s.groups)
 		}
 		s.held = len(s.groups) > 0
 		if len(s.groups) == 1 && s.groups[0] == 0 {

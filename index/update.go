@@ -85,7 +85,7 @@ func (ms *modelState) update(hs *holderState, id uint32, key uint64, lane int, o
 			}
 			*m = setMemo{fromOne: e, nb: nb, to: &holderSet{small: pair}}
 		}
-		en.unlock(kindSet | uint64(ms.allocSet(m.to))<<setSlotShift)
+		en.unlock(ms.allocSet(m.to))
 		return 0, true
 	}
 	slot := uint32(w >> setSlotShift)
