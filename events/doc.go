@@ -79,6 +79,12 @@
 //
 // Every case is counted in Stats and in each holder's HolderStatus.
 //
+// What each sequence number means is decided in one place, decide, a pure
+// function of the holder's stream state and the message (sequence.go):
+// join, apply, heartbeat, restart, gap, duplicate or backwards. Both the
+// worker applying the message and its check whether the message starts a
+// replay, which then runs off the worker, read it.
+//
 // # Writing a transport
 //
 // A transport receives (topic or pod, sequence number, payload) triples,
@@ -241,4 +247,26 @@
 // It costs a hash per stored block and needs events with token ids; blocks
 // it cannot resolve are counted (Stats.Unresolved) and left out, so the
 // index again holds a subset of the engine's blocks.
+//
+// # Files
+//
+//   - decode.go, encode.go, extra.go, opt.go: the wire form, read in place
+//     and written for tests and demos; engine.go: each engine's habits.
+//   - processor.go: Config, Message, the Processor's API, Stats and
+//     HolderStatus; counters.go: every counter, defined once.
+//   - worker.go: a worker's loop: each pod's messages in order, a replay
+//     run off the worker with the pod's later messages queued behind it,
+//     messages dropped on a full queue turned into resyncs.
+//   - holder.go: holders made (within the bounds), evicted and expired,
+//     and a holder publishing another model.
+//   - sequence.go: decide, the sequence state machine, pure.
+//   - stream.go: what a holder's stream does with decide's answer: catch
+//     up, close a gap, restart, enter and leave conflict, the gap policy.
+//   - replay.go: replay rounds, and resyncs after dropped messages.
+//   - apply.go: a batch's events to the Sink, in runs of one index call;
+//     checks.go: the hash agreement and chunked-offload checks;
+//     content.go: content-key mode.
+//   - liveness.go: holder states, pod connections, sender bounds and
+//     eviction; logs.go: the rate-limited log lines; podname.go: pod
+//     names; sink.go: the Sink interfaces.
 package events

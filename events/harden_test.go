@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -288,7 +289,7 @@ func TestEvictedPodsGiveBackTheirPodState(t *testing.T) {
 		require.NoError(t, p.Sync(t.Context()))
 	}
 	require.GreaterOrEqual(t, p.Stats().Evicted, uint64(36))
-	require.Eventually(t, func() bool { return p.nPods.Load() <= 4 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return p.pods.Len() <= 4 }, 10*time.Second, 5*time.Millisecond)
 	p.Handle(t.Context(), Message{Pod: "10.0.0.1:8000", Model: "m", Payload: storedPayload(t, 99)})
 	require.NoError(t, p.Sync(t.Context()))
 	_, tracked := p.pods.Load("10.0.0.1:8000")
@@ -302,10 +303,10 @@ func TestRefusalsKeptForWaitAppliedAreBoundedByPodCount(t *testing.T) {
 	for i := range 3 * maxRefusedPods {
 		p.SenderMismatch(fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256), "127.0.0.1", uint64(i))
 	}
-	require.LessOrEqual(t, p.nRefused.Load(), int64(maxRefusedPods))
+	require.LessOrEqual(t, p.refused.Len(), maxRefusedPods)
 	n := 0
-	p.refused.Range(func(_, _ any) bool { n++; return true })
-	require.Equal(t, int(p.nRefused.Load()), n)
+	p.refused.Range(func(string, *atomic.Pointer[refusal]) bool { n++; return true })
+	require.Equal(t, p.refused.Len(), n)
 	require.Equal(t, uint64(3*maxRefusedPods), p.Stats().SenderMismatch)
 }
 

@@ -2,6 +2,7 @@ package events
 
 import (
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsource/kvsource/index"
@@ -78,11 +79,10 @@ func (p *Processor) state(h *holder) string {
 // is forgotten with its last holder, so tracking stays exact however many
 // pods came and went. Safe for concurrent use.
 func (p *Processor) PodConnected(pod string, up bool) {
-	v, ok := p.pods.Load(pod)
+	ps, ok := p.pods.Load(pod)
 	if !ok {
 		return
 	}
-	ps := v.(*podState)
 	if up {
 		if ps.down.Swap(false) {
 			ps.upAt.Store(p.epoch.Add(1))
@@ -112,13 +112,14 @@ func (p *Processor) SenderMismatch(pod, sender string, seq uint64) {
 // recordRefusal keeps pod's latest refusal for WaitApplied and wakes its
 // waiters; past maxRefusedPods pods only those already kept are updated.
 func (p *Processor) recordRefusal(pod, sender string) {
-	r := refusal{n: p.refusals.Add(1), sender: sender}
-	if _, loaded := p.refused.Swap(pod, r); !loaded && p.nRefused.Add(1) > maxRefusedPods {
-		p.refused.Delete(pod)
-		p.nRefused.Add(-1)
+	r := &refusal{n: p.refusals.Add(1), sender: sender}
+	if slot, ok := p.refused.LoadOrNew(pod, maxRefusedPods, newRefusalSlot); ok {
+		slot.Store(r)
 	}
 	p.applied.Broadcast()
 }
+
+func newRefusalSlot() *atomic.Pointer[refusal] { return new(atomic.Pointer[refusal]) }
 
 // logName bounds a peer's name for a log line.
 func logName(pod string) string {

@@ -113,8 +113,8 @@ func TestDisconnectTrackingStaysExactAfterChurn(t *testing.T) {
 	require.Greater(t, p.Stats().Evicted, uint64(2*maxHolders*20-maxHolders))
 	// An evicted holder's pod state goes once its worker has cleared it,
 	// just after the last Sync: the count is exact once that has run.
-	require.Eventually(t, func() bool { return p.nPods.Load() <= int64(maxHolders) }, 10*time.Second, time.Millisecond,
-		"%d pod states for %d holders", p.nPods.Load(), maxHolders)
+	require.Eventually(t, func() bool { return p.pods.Len() <= maxHolders }, 10*time.Second, time.Millisecond,
+		"%d pod states for %d holders", p.pods.Len(), maxHolders)
 
 	_, ok := p.Source(real)
 	require.True(t, ok)

@@ -10,13 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events/internal/eventstest"
+	"github.com/kvsource/kvsource/internal/ratelog"
 	"github.com/kvsource/kvsource/internal/testenv"
 )
 
 func TestLogLimiterLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 	var buf testenv.SyncBuffer
 	clock := time.Unix(1e9, 0)
-	l := &logLimiter{log: testenv.TextLogger(&buf), interval: 50 * time.Millisecond, now: func() time.Time { return clock }}
+	l := &logLimiter{log: testenv.TextLogger(&buf), lim: &ratelog.Limiter{Interval: 50 * time.Millisecond, Now: func() time.Time { return clock }}}
 	for seq := range 100 {
 		l.logf(slog.LevelError, "bad payload", "pod-a", "seq", seq)
 	}
@@ -30,7 +31,7 @@ func TestLogLimiterLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 
 func TestLogLimiterLogsAnyOncePerIntervalWhateverThePod(t *testing.T) {
 	var buf testenv.SyncBuffer
-	l := &logLimiter{log: testenv.TextLogger(&buf), interval: time.Hour}
+	l := &logLimiter{log: testenv.TextLogger(&buf), lim: &ratelog.Limiter{Interval: time.Hour}}
 	for i := range 100 {
 		l.logAny(slog.LevelWarn, "new holder dropped", fmt.Sprintf("pod-%d", i), "seq", i)
 	}
@@ -45,7 +46,7 @@ func TestLogLimiterLogsAnyOncePerIntervalWhateverThePod(t *testing.T) {
 func TestLogLimiterBoundsEachKindAcrossAllPods(t *testing.T) {
 	var buf testenv.SyncBuffer
 	clock := time.Unix(1e9, 0)
-	l := &logLimiter{log: testenv.TextLogger(&buf), interval: time.Second, budget: 10, now: func() time.Time { return clock }}
+	l := &logLimiter{log: testenv.TextLogger(&buf), lim: &ratelog.Limiter{Interval: time.Second, Budget: 10, Now: func() time.Time { return clock }}}
 	for i := range 6000 {
 		l.logf(slog.LevelWarn, "pod disconnected", fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256))
 	}

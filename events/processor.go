@@ -14,7 +14,9 @@ import (
 
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/boundmap"
 	"github.com/kvsource/kvsource/internal/notify"
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // MaxModelBytes bounds a message's model name: Hugging Face names
@@ -288,8 +290,7 @@ type Processor struct {
 	// its connection's included: bounded by the holders that exist and
 	// twice Config.MaxHolders for the others, not by the pods ever heard
 	// from.
-	pods  sync.Map // pod -> *podState
-	nPods atomic.Int64
+	pods boundmap.Map[string, *podState]
 	// epoch counts the pods' reconnects: a message is stamped with it when
 	// handed, a reconnect with its new value, so that a holder knows
 	// whether it applied a message sent after its pod's latest reconnect.
@@ -298,14 +299,13 @@ type Processor struct {
 	// together; their replays run on the worker, so that they too are
 	// handled in the order they were handed.
 	overflow podState
-	errPods  sync.Map // pod -> *atomic.Uint64, its decode errors
-	nErrPods atomic.Int64
-	applied  notify.Notifier
+	// errPods counts the decode errors of at most Config.MaxHolders pods.
+	errPods boundmap.Map[string, *atomic.Uint64]
+	applied notify.Notifier
 	// refused holds, for at most maxRefusedPods pods, the latest message
 	// dropped for its sender, so that WaitApplied can say why it would
 	// wait in vain; refusals numbers them.
-	refused  sync.Map // pod -> refusal
-	nRefused atomic.Int64
+	refused  boundmap.Map[string, *atomic.Pointer[refusal]]
 	refusals atomic.Uint64
 }
 
@@ -391,7 +391,7 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, interval: time.Second, budget: cfg.LogBudget},
+	return &Processor{cfg: cfg, log: log, limited: &logLimiter{log: log, lim: &ratelog.Limiter{Interval: time.Second, Budget: cfg.LogBudget}},
 		ctx: context.Background(), senders: map[string]int{}}, nil
 }
 
@@ -572,9 +572,9 @@ func (p *Processor) WaitApplied(ctx context.Context, h index.Holder, seq uint64)
 	since := p.refusals.Load()
 	var refused *refusal
 	err := p.applied.Await(ctx, func() bool {
-		if v, ok := p.refused.Load(h.Pod); ok {
-			if r := v.(refusal); r.n > since {
-				refused = &r
+		if slot, ok := p.refused.Load(h.Pod); ok {
+			if r := slot.Load(); r != nil && r.n > since {
+				refused = r
 				return true
 			}
 		}
@@ -600,8 +600,7 @@ func (p *Processor) Sync(ctx context.Context) error {
 		n  uint64
 	}
 	marks := []mark{{&p.overflow, p.overflow.handed.Load()}}
-	p.pods.Range(func(_, v any) bool {
-		ps := v.(*podState)
+	p.pods.Range(func(_ string, ps *podState) bool {
 		marks = append(marks, mark{ps, ps.handed.Load()})
 		return true
 	})
@@ -618,19 +617,11 @@ func (p *Processor) Sync(ctx context.Context) error {
 // errCount returns pod's decode-error counter, nil when pod is new and
 // Config.MaxHolders pods already have one.
 func (p *Processor) errCount(pod string) *atomic.Uint64 {
-	if v, ok := p.errPods.Load(pod); ok {
-		return v.(*atomic.Uint64)
-	}
-	if p.nErrPods.Add(1) > int64(p.cfg.MaxHolders) {
-		p.nErrPods.Add(-1)
-		return nil
-	}
-	v, loaded := p.errPods.LoadOrStore(pod, new(atomic.Uint64))
-	if loaded {
-		p.nErrPods.Add(-1)
-	}
-	return v.(*atomic.Uint64)
+	n, _ := p.errPods.LoadOrNew(pod, p.cfg.MaxHolders, newCounter)
+	return n
 }
+
+func newCounter() *atomic.Uint64 { return new(atomic.Uint64) }
 
 // Tracked reports whether the processor keeps state for pod: it has
 // holders, or messages on their way to a worker. A transport that keeps
@@ -647,7 +638,8 @@ func (p *Processor) Tracked(pod string) bool {
 // messages on their way to a worker); a holder's own state is made by
 // holderState.
 func (p *Processor) podState(pod string) *podState {
-	return p.loadPodState(pod, 2*int64(p.cfg.MaxHolders))
+	ps, _ := p.pods.LoadOrNew(pod, 2*p.cfg.MaxHolders, newPodState)
+	return ps
 }
 
 // holderState returns pod's state for a holder of it being made, beyond
@@ -655,23 +647,11 @@ func (p *Processor) podState(pod string) *podState {
 // disconnects would go unseen, and there are at most Config.MaxHolders
 // holders.
 func (p *Processor) holderState(pod string) *podState {
-	return p.loadPodState(pod, -1)
+	ps, _ := p.pods.LoadOrNew(pod, -1, newPodState)
+	return ps
 }
 
-func (p *Processor) loadPodState(pod string, limit int64) *podState {
-	if v, ok := p.pods.Load(pod); ok {
-		return v.(*podState)
-	}
-	if n := p.nPods.Add(1); limit >= 0 && n > limit {
-		p.nPods.Add(-1)
-		return nil
-	}
-	v, loaded := p.pods.LoadOrStore(pod, &podState{})
-	if loaded {
-		p.nPods.Add(-1)
-	}
-	return v.(*podState)
-}
+func newPodState() *podState { return &podState{} }
 
 // forgetPod drops the state of pod, which has no holder (its last was
 // evicted, or its messages made none), when none of its messages is in
@@ -680,16 +660,11 @@ func (p *Processor) loadPodState(pod string, limit int64) *podState {
 // own rather than the shared overflow (whose replays hold the worker). A
 // message of pod arriving meanwhile makes a new state.
 func (p *Processor) forgetPod(pod string) {
-	v, ok := p.pods.Load(pod)
-	if !ok {
+	ps, ok := p.pods.Load(pod)
+	if !ok || ps.holders.Load() != 0 || ps.handed.Load() != ps.closed.Load() {
 		return
 	}
-	if ps := v.(*podState); ps.holders.Load() != 0 || ps.handed.Load() != ps.closed.Load() {
-		return
-	}
-	if p.pods.CompareAndDelete(pod, v) {
-		p.nPods.Add(-1)
-	}
+	p.pods.CompareAndDelete(pod, ps)
 }
 
 // Stats are the processor's global counters since it was created.
@@ -799,15 +774,14 @@ func (p *Processor) Status() []HolderStatus {
 		h := v.(*holder)
 		st := h.status(p)
 		if n, ok := p.errPods.Load(h.id.Pod); ok {
-			st.DecodeErrors = n.(*atomic.Uint64).Load()
+			st.DecodeErrors = n.Load()
 		}
 		seen[h.id.Pod] = true
 		out = append(out, st)
 		return true
 	})
-	p.errPods.Range(func(k, v any) bool {
-		pod := k.(string)
-		if n := v.(*atomic.Uint64).Load(); n > 0 && !seen[pod] {
+	p.errPods.Range(func(pod string, v *atomic.Uint64) bool {
+		if n := v.Load(); n > 0 && !seen[pod] {
 			out = append(out, HolderStatus{Pod: pod, DecodeErrors: n, State: "stale"})
 		}
 		return true

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvsource/kvsource/internal/cputime"
 )
 
 const (
@@ -163,12 +165,12 @@ func benchLookupUnderIngest(b *testing.B, rate float64) {
 	runtime.ReadMemStats(&ms0)
 	b.ResetTimer()
 	for b.Loop() {
-		c0 := threadCPU()
+		c0 := cputime.Thread()
 		t0 := time.Now()
 		f.ix.Lookup("m", f.prompt, &res)
 		t1 := time.Now()
 		lat.add(t1.Sub(t0))
-		cpu.add(threadCPU() - c0)
+		cpu.add(cputime.Thread() - c0)
 		controlSink += controlWork(spins)
 		control.add(time.Since(t1))
 	}
@@ -311,7 +313,7 @@ func BenchmarkAdd(b *testing.B) {
 				pool[i] = chain(rng.Uint64(), chainLen)
 			}
 			next := 0
-			start, cpu0 := time.Now(), cpuTime()
+			start, cpu0 := time.Now(), cputime.Process()
 			stored := 0
 			for i := 0; b.Loop(); i++ {
 				l := hl[i%len(hl)]
@@ -350,7 +352,7 @@ func BenchmarkAdd(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(stored)/time.Since(start).Seconds(), "blocks/s")
-			if cpu := cpuTime() - cpu0; cpu > 0 {
+			if cpu := cputime.Process() - cpu0; cpu > 0 {
 				b.ReportMetric(float64(stored)/cpu.Seconds(), "blocks/cpu-s")
 			}
 		})
@@ -385,7 +387,7 @@ func benchAddParallel(b *testing.B, prompt int) {
 	}
 	var worker atomic.Int64
 	var stored atomic.Int64
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), cputime.Process()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		w := int(worker.Add(1) - 1)
@@ -442,7 +444,7 @@ func benchAddParallel(b *testing.B, prompt int) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(stored.Load())/time.Since(start).Seconds(), "blocks/s")
-	if cpu := cpuTime() - cpu0; cpu > 0 {
+	if cpu := cputime.Process() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(stored.Load())/cpu.Seconds(), "blocks/cpu-s")
 	}
 	if got := ix.Stats().SharedBlocks; got != int64(prompt) {

@@ -352,9 +352,6 @@ func (w *orderedWorkload) compare(op int) {
 		start := rng.IntN(len(q))
 		require.Equal(t, ref.run(model, h, q, start, nil), ix.Run(model, h, q, start, nil), "op %d run", op)
 		require.ElementsMatch(t, ref.holders(model, q[start]), ix.HoldersAt(model, q, start, nil), "op %d holders at %d", op, start)
-		if ms := ix.model(model, false); ms != nil {
-			require.ElementsMatch(t, ref.holders(model, q[start]), ms.holdersFromRoots(q, start, nil), "op %d holders from roots", op)
-		}
 	}
 }
 
@@ -373,11 +370,6 @@ func TestIndexMatchesOrderedModel(t *testing.T) {
 		{"no limits", propConfig{models: 2, holders: 6, ops: 1000, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1, 9}}, Config{MaxHolderBlocks: -1}},
 		{"capacities", propConfig{models: 1, holders: 5, ops: 1000, maxLen: 100, tiers: []string{"GPU", "CPU", "disk"}, groups: []int{0}}, Config{HolderCapacity: 150, MaxHolderBlocks: -1}},
 		{"budget", propConfig{models: 2, holders: 7, ops: 1000, maxLen: 80, tiers: []string{"GPU", "CPU"}, groups: []int{0, 2}}, Config{MaxHolderBlocks: 400}},
-		// The same with blocks kept in the layer: all of them, or those
-		// two holders hold.
-		{"no limits/shared", propConfig{models: 2, holders: 6, ops: 1000, maxLen: 64, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1, 9}}, Config{MaxHolderBlocks: -1, ShareThreshold: 1}},
-		{"capacities/shared", propConfig{models: 1, holders: 5, ops: 1000, maxLen: 100, tiers: []string{"GPU", "CPU", "disk"}, groups: []int{0}}, Config{HolderCapacity: 150, MaxHolderBlocks: -1, ShareThreshold: 2}},
-		{"budget/shared", propConfig{models: 2, holders: 7, ops: 1000, maxLen: 80, tiers: []string{"GPU", "CPU"}, groups: []int{0, 2}}, Config{MaxHolderBlocks: 400, ShareThreshold: 2}},
 	}
 	seeds := sized(3, 1)
 	for _, tc := range cases {

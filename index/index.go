@@ -13,22 +13,26 @@ import (
 )
 
 // DefaultMaxHolderBlocks is the total budget when neither
-// Config.MaxHolderBlocks nor Config.MemoryBytes is set: about 2.5 GiB of
+// Config.MaxHolderBlocks nor Config.MemoryBytes is set: about 2.7 GiB of
 // index at HolderBlockBytes a holding.
 const DefaultMaxHolderBlocks = 64 << 20
 
 // HolderBlockBytes is what one (block, tier) holding costs the index in
-// memory at worst in steady state, a holder that keeps replacing its
-// blocks (BenchmarkMemory/steady: 39-42 bytes): its table slot at the
-// occupancy a rebuild after removals leaves (churnNum/loadDen), and its
-// eviction-queue entry 2.5 times over, as the queue keeps entries of
-// removed blocks until they outnumber the live ones, in slices grown by
-// append. It is computed from the layout, so that it follows it;
-// Config.MemoryBytes is turned into a holding budget with it (see
-// memoryBudget), and TestMemoryBytesBoundsTheLiveHeapAtTheCap checks it
-// against the heap.
-const HolderBlockBytes = int64(unsafe.Sizeof(slot{}))*loadDen/churnNum +
-	5*int64(unsafe.Sizeof(holderState{}.fifoSlot[0])+unsafe.Sizeof(holderState{}.fifoTier[0]))/2
+// memory at worst in steady state, a holder that keeps replacing blocks
+// no other holder holds: the block's entry, its key's slot at the lowest
+// occupancy a shard's table keeps (3/8 after it doubles, 3/16 at worst),
+// and an eviction-queue item of its own (a store of consecutive new blocks
+// shares one), all as many times again as ghosts may add (a quarter, see
+// holderState.maybeCompact). It is computed from the layout, so that it
+// follows it; Config.MemoryBytes is turned into a holding budget with it
+// (see memoryBudget), and TestMemoryBytesBoundsTheLiveHeapAtTheCap checks
+// it against the heap.
+const HolderBlockBytes = (int64(unsafe.Sizeof(entry{})) + 4*16/3 + 8) * (ghostDen + ghostNum) / ghostDen
+
+// setBlockHoldings is what Config.MemoryBytes counts a block with two or
+// more holders beyond their holdings: its set's slot, the set and its
+// array or bitsets, in holdings.
+const setBlockHoldings = (8 + int64(unsafe.Sizeof(holderSet{})) + 2*16 + HolderBlockBytes - 1) / HolderBlockBytes
 
 // memoryBudget is the holding budget of a memory budget in bytes: the one
 // place a byte budget maps onto holdings.
@@ -53,16 +57,11 @@ type Config struct {
 	// as past MaxHolderBlocks. It bounds the index's live data; a process
 	// bounds its resident set by also giving the Go runtime a memory limit
 	// above it (runtime/debug.SetMemoryLimit), or garbage of replaced
-	// tables may double it. A shared block (see ShareThreshold) counts as
-	// a few holdings more than its holders' own, and each model's state
-	// as about 8 KiB of holdings (a model is freed with its last holder).
+	// tables may double it. A block two or more holders hold counts as a
+	// few holdings more than its holders' own (its holder set), and each
+	// model's state as about 9 KiB of holdings (a model is freed with its
+	// last holder).
 	MemoryBytes int64
-	// ShareThreshold is how many holders must hold a block before the
-	// index keeps it once for all of them (see Stats.SharedBlocks): a
-	// table slot costs each holder about 30 bytes a block, a shared block
-	// a few bytes a holder. Zero means DefaultShareThreshold; 1 keeps
-	// every block of group 0 shared; negative keeps none.
-	ShareThreshold int
 	// Logger receives evictions and rejected input at debug level, at most
 	// once a second per kind. Nil means slog.Default().
 	Logger *slog.Logger
@@ -81,9 +80,10 @@ type Stats struct {
 	EvictedCapacity uint64 // holdings evicted past a holder's capacity
 	EvictedBudget   uint64 // holdings evicted past MaxHolderBlocks or MemoryBytes
 
-	RejectedTier uint64 // stores dropped for an empty tier or too many tiers
+	RejectedTier    uint64 // stores dropped for an empty tier or too many tiers
+	RejectedHolders uint64 // stores dropped for a holder past a model's 16,777,216
 
-	SharedBlocks int64 // blocks kept once for all their holders
+	SharedBlocks int64 // blocks two or more holders hold (each block is kept once)
 }
 
 // Index maps, per model, block keys to the holders that hold them and in
@@ -91,48 +91,30 @@ type Stats struct {
 type Index struct {
 	cfg    Config
 	budget int64
-	share  int // Config.ShareThreshold, 0 for none
 	log    *slog.Logger
 
 	models *xsync.Map[string, *modelState]
 	caps   *xsync.Map[Holder, int64]
 	capMu  sync.Mutex // serialises SetHolderCapacity
 	total  atomic.Int64
-	shared atomic.Int64 // shared blocks held, over all models
+	shared atomic.Int64 // entries with a holder set, over all models
 	// modelBytes is what the model states cost, modelStateBytes and the
 	// name each: with MemoryBytes, they count in the budget.
 	modelBytes atomic.Int64
 
 	stored, removed, cleared       atomic.Uint64
 	evictedCapacity, evictedBudget atomic.Uint64
-	rejectedTier                   atomic.Uint64
+	rejectedTier, rejectedHolders  atomic.Uint64
 
 	logs [logKinds]ratelog.Gate
 }
 
-// modelState holds one model's holders. The list is copied on change so a
-// lookup ranges over it without a lock. roots lists the holders that start
-// a chain at each key (see roots.go); rootMu serialises its writers. layer
-// keeps the blocks many holders hold (see layer.go).
-type modelState struct {
-	holders *xsync.Map[Holder, *holderState]
-	mu      sync.Mutex
-	list    atomic.Pointer[[]*holderState]
-	roots   *xsync.Map[uint64, *rootSet]
-	rootMu  sync.Mutex
-	layer   *layer
-	// dead: RemoveHolder removed its last holder and took it out of
-	// Index.models, under mu; a holder made in it would be lost.
-	dead bool
-}
-
 // modelStateBytes is what one model's state costs with its first
-// holder's, their holdings and the model's name aside: about 7.7 KiB for
-// the model's maps' and layer's first tables and 1.3 KiB for the holder's,
-// measured by TestModelStatesCountInTheMemoryBudget. A peer naming a new
-// model per message would otherwise grow the index past MemoryBytes with
-// no holding to evict. (A model's further holders are bounded by the
-// holders a processor follows, events.Config.MaxHolders.)
+// holder's, their holdings and the model's name aside, measured by
+// TestModelStatesCountInTheMemoryBudget. A peer naming a new model per
+// message would otherwise grow the index past MemoryBytes with no holding
+// to evict. (A model's further holders are bounded by the holders a
+// processor follows, events.Config.MaxHolders.)
 const modelStateBytes = 9 << 10
 
 // New returns an empty index.
@@ -155,17 +137,12 @@ func New(cfg Config) *Index {
 	if ix.log == nil {
 		ix.log = slog.Default()
 	}
-	switch {
-	case cfg.ShareThreshold == 0:
-		ix.share = DefaultShareThreshold
-	case cfg.ShareThreshold > 0:
-		ix.share = cfg.ShareThreshold
-	}
 	return ix
 }
 
 const (
 	logTier = iota
+	logHolder
 	logCapacity
 	logBudget
 	logKinds
@@ -185,10 +162,7 @@ func (ix *Index) model(name string, create bool) *modelState {
 	}
 	ms, _ := ix.models.LoadOrCompute(name, func() (*modelState, bool) {
 		ix.modelBytes.Add(modelStateBytes + int64(len(name)))
-		ms := &modelState{holders: xsync.NewMap[Holder, *holderState](), roots: xsync.NewMap[uint64, *rootSet](), layer: newLayer(&ix.shared)}
-		empty := []*holderState{}
-		ms.list.Store(&empty)
-		return ms, false
+		return newModelState(&ix.shared), false
 	})
 	return ms
 }
@@ -201,7 +175,7 @@ func (ix *Index) capacityOf(h Holder) int64 {
 }
 
 // lockHolder returns h's state for model, locked, creating it when create
-// is set; nil when absent.
+// is set; nil when absent, or when the model has no holder id left.
 func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 	for {
 		ms := ix.model(model, create)
@@ -223,13 +197,10 @@ func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 			if !ok {
 				// SetHolderCapacity updates holders under ms.mu too: it
 				// either finds hs or stored the capacity read here.
-				hs = newHolderState(ms, h, ix.capacityOf(h))
-				ms.holders.Store(h, hs)
-				list := *ms.list.Load()
-				next := make([]*holderState, len(list), len(list)+1)
-				copy(next, list)
-				next = append(next, hs)
-				ms.list.Store(&next)
+				if hs = ms.newHolder(h, ix.capacityOf(h)); hs == nil {
+					ms.mu.Unlock()
+					return nil
+				}
 			}
 			ms.mu.Unlock()
 		}
@@ -241,6 +212,40 @@ func (ix *Index) lockHolder(model string, h Holder, create bool) *holderState {
 	}
 }
 
+// newHolder makes h's state, with an id. ms.mu is held.
+func (ms *modelState) newHolder(h Holder, capacity int64) *holderState {
+	var id uint32
+	if n := len(ms.freeIDs); n > 0 {
+		id = ms.freeIDs[n-1]
+		ms.freeIDs = ms.freeIDs[:n-1]
+	} else {
+		if ms.nextID > maxHolderID {
+			return nil
+		}
+		id = ms.nextID
+		ms.nextID++
+	}
+	hs := &holderState{ms: ms, h: h, id: id, born: ms.releases.Load(), guess: -1}
+	hs.lanes.Store(&laneList{})
+	hs.capacity.Store(capacity)
+	ms.reg.set(id, hs)
+	ms.holders.Store(h, hs)
+	list := *ms.list.Load()
+	next := make([]*holderState, len(list), len(list)+1)
+	copy(next, list)
+	next = append(next, hs)
+	ms.list.Store(&next)
+	return hs
+}
+
+// releaseID frees hs's id, once hs has no bit left in any entry. ms.mu is
+// held.
+func (ms *modelState) releaseID(hs *holderState) {
+	ms.reg.set(hs.id, nil)
+	ms.releases.Add(1)
+	ms.freeIDs = append(ms.freeIDs, hs.id)
+}
+
 // Blocks is what one Store records: consecutive blocks of one chain that a
 // holder holds in a tier for a KV cache group.
 type Blocks struct {
@@ -249,12 +254,11 @@ type Blocks struct {
 	Tier   string
 	Group  int
 	// Parent is the key of the block before Keys[0] (ParentKey); the zero
-	// Parent when Keys[0] starts a chain or its parent is unknown.
+	// Parent when Keys[0] starts a chain or its parent is unknown. The
+	// index keeps every block by its key, so it needs no parent: Parent
+	// is what engines report, kept in the API for callers that pass it on.
 	Parent Parent
-	// Keys are the blocks' keys in chain order. Blocks that are not
-	// consecutive (a hybrid model's group that skips blocks) must be stored
-	// one at a time without a parent, or lookups may count blocks in
-	// between as held.
+	// Keys are the blocks' keys in chain order.
 	Keys []uint64
 }
 
@@ -284,128 +288,94 @@ func (ix *Index) Store(b Blocks) {
 		return
 	}
 	hs := ix.lockHolder(model, h, true)
+	if hs == nil {
+		ix.rejectedHolders.Add(uint64(len(keys)))
+		ix.logf(logHolder, "index: model has no holder id left, store dropped", "pod", h.Pod, "rank", h.Rank, "model", model, "blocks", len(keys))
+		return
+	}
 	defer hs.mu.Unlock()
-	ti, ts := hs.tier(tier, true)
-	if ts == nil {
+	lane := hs.lane(tier, true)
+	if lane < 0 {
 		ix.rejectedTier.Add(uint64(len(keys)))
 		ix.logf(logTier, "index: too many tiers, store dropped", "pod", h.Pod, "rank", h.Rank, "model", model, "tier", tier, "blocks", len(keys))
 		return
 	}
+	ms := hs.ms
+	ids := ms.resolve(keys, hs.scratch[:0])
+	hs.scratch = ids
+	q, ghosts := hs.queueOf(lane)
 	var added int64
-	if ts.guess {
-		ix.storeGuesses(b, hs, ti, ts)
-		ix.stored.Add(uint64(len(keys)))
-		hs.publish()
-		return
-	}
-	if hs.ms.layer.active() || ix.share > 0 && !b.Parent.ok && len(hs.ms.rootHolders(keys[0])) >= ix.share-1 {
-		added = ix.storeShared(b, hs, ti, ts)
-	} else {
-		t := ts.tab.Load()
-		if !t.fits(len(keys) + 1) {
-			t = hs.rehash(ti, len(keys)+1, false)
+	for j, k := range keys {
+		id := ids[j]
+		old, ok := ms.update(hs, id, k, lane, opStore)
+		for !ok {
+			// Freed since it was found: its last holder left it.
+			id = ms.resolve(keys[j:j+1], ids[len(ids):])[0]
+			old, ok = ms.update(hs, id, k, lane, opStore)
 		}
-		prev := -1
-		if parent, ok := b.Parent.Key(); ok {
-			if prev = t.find(parent); prev < 0 {
-				prev = t.insert(parent, 0)
-				hs.rootAdded(ti, parent)
-			}
+		held := old&laneBit(lane) != 0
+		if group != 0 || len(hs.groups) > 0 {
+			hs.addGroup(id, lane, group, held)
 		}
-		bit := groupBit(group)
-		hs.sink += t.prefetch(keys)
-		for _, k := range keys {
-			i, found := t.probe(k)
-			if !found && prev >= 0 && bit != metaExtGroup {
-				// The common case, inline: a new block continuing its
-				// chain, published held at once.
-				pm := t.slots[prev].loadMeta()
-				if !held(pm) {
-					ts.addGap(t, t.slots[prev].loadKey(), pm)
-				}
-				t.put(i, k, anchoredMeta(prev, pm)|bit)
-				ts.addChild(t, prev)
-				ts.live++
-				hs.push(ti, i)
-				added++
-				prev = i
-				continue
-			}
-			var ok bool
-			if prev, ok = hs.storeSlot(t, ts, ti, prev, i, k, group); ok {
-				added++
-			}
+		if held {
+			continue
 		}
+		if old&ghostBit(lane) != 0 {
+			// Stored again before its queue dropped it: it keeps its place.
+			*ghosts--
+		} else {
+			q.push(id, lane)
+		}
+		added++
 	}
 	ix.stored.Add(uint64(len(keys)))
-	if added > 0 {
+	hs.held[lane].Add(added)
+	if added > 0 && lane != hs.guess {
 		hs.live.Add(added)
 		ix.total.Add(added)
 		ix.enforce(model, hs)
 	}
-	hs.publish()
 }
 
-// storeGuesses stores b in TierSpeculative's table ts. Guesses are
-// bounded by their Speculative, which removes every one it stored: they
-// stay out of the holder's eviction queue, capacity and the total budget,
-// so that a guess never evicts a block an engine reported, and never move
-// to the layer.
-func (ix *Index) storeGuesses(b Blocks, hs *holderState, ti int, ts *tierState) {
-	t := ts.tab.Load()
-	if !t.fits(len(b.Keys) + 1) {
-		t = hs.rehash(ti, len(b.Keys)+1, false)
+// resolve appends to dst the entry ids of keys, making entries for those
+// that have none.
+func (ms *modelState) resolve(keys []uint64, dst []uint32) []uint32 {
+	base := len(dst)
+	missing := 0
+	for _, k := range keys {
+		id, ok := ms.find(k)
+		if !ok {
+			id = tomb
+			missing++
+		}
+		dst = append(dst, id)
 	}
-	prev := -1
-	if parent, ok := b.Parent.Key(); ok {
-		if prev = t.find(parent); prev < 0 {
-			prev = t.insert(parent, 0)
-			hs.rootAdded(ti, parent)
+	if missing == 0 {
+		return dst
+	}
+	fresh := make([]uint64, 0, missing)
+	for j, k := range keys {
+		if dst[base+j] == tomb {
+			fresh = append(fresh, k)
 		}
 	}
-	for _, k := range b.Keys {
-		i, _ := t.probe(k)
-		prev, _ = hs.storeSlot(t, ts, ti, prev, i, k, b.Group)
-	}
-}
-
-// storeSlot stores key k, for group, in slot i of t (tier ti, ts): the
-// slot probe found for it, free or k's. prev is the slot of k's parent
-// (-1: none). It returns k's slot and whether the holding is new.
-func (hs *holderState) storeSlot(t *table, ts *tierState, ti, prev, i int, k uint64, group int) (int, bool) {
-	bit := groupBit(group)
-	if t.slots[i].loadMeta() == 0 {
-		var m uint64
-		if prev >= 0 {
-			pm := t.slots[prev].loadMeta()
-			if !held(pm) && bit != metaExtGroup {
-				ts.addGap(t, t.slots[prev].loadKey(), pm)
-			}
-			m = anchoredMeta(prev, pm)
+	made := ms.allocEntries(fresh, make([]uint32, 0, missing))
+	i := 0
+	for j, k := range keys {
+		if dst[base+j] != tomb {
+			continue
+		}
+		id, ok := ms.insert(k, made[i])
+		if ok {
+			ms.entry(id).unlock(kindNone)
 		} else {
-			hs.rootAdded(ti, k)
+			// Another writer made k's entry meanwhile (or k came twice).
+			ms.releaseEntry(made[i])
 		}
-		if bit != metaExtGroup {
-			// The common case: a new block, published held at once.
-			t.put(i, k, m|bit)
-			if prev >= 0 {
-				ts.addChild(t, prev)
-			}
-			ts.live++
-			if !ts.guess {
-				hs.push(ti, i)
-			}
-			return i, true
-		}
-		t.put(i, k, m)
+		dst[base+j] = id
+		i++
 	}
-	if ts.addGroup(t, i, k, group) {
-		if !ts.guess {
-			hs.push(ti, i)
-		}
-		return i, true
-	}
-	return i, false
+	return dst
 }
 
 // enforce evicts past hs's capacity and the total budget. hs is locked.
@@ -423,7 +393,7 @@ func (ix *Index) enforce(model string, hs *holderState) {
 	}
 	over := ix.total.Load() - ix.budget
 	if ix.cfg.MemoryBytes > 0 {
-		over += ix.shared.Load()*sharedBlockHoldings + ix.modelBytes.Load()/HolderBlockBytes
+		over += ix.shared.Load()*setBlockHoldings + ix.modelBytes.Load()/HolderBlockBytes
 	}
 	if over <= 0 {
 		return
@@ -443,7 +413,6 @@ func (ix *Index) enforce(model string, hs *holderState) {
 		}
 	}
 	n := victim.evict(over)
-	victim.publish()
 	ix.total.Add(-n)
 	ix.evictedBudget.Add(uint64(n))
 	ix.logf(logBudget, "index: over budget, oldest blocks of largest holder evicted", "pod", victim.h.Pod, "rank", victim.h.Rank, "budget", ix.budget, "evicted", n)
@@ -474,68 +443,35 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		return
 	}
 	defer hs.mu.Unlock()
-	_, ts := hs.tier(tier, false)
-	if ts == nil {
+	lane := hs.lane(tier, false)
+	if lane < 0 {
 		return
 	}
-	t := ts.tab.Load()
-	hs.sink += t.prefetch(keys)
-	slots := hs.scratch[:0]
+	ms := hs.ms
+	_, ghosts := hs.queueOf(lane)
 	var n int64
-	ly, lane := hs.ms.layer, -1
-	var id uint32
-	if v := hs.lid.Load(); v != 0 && ly.active() {
-		lane, id = ly.laneOf(tier), v-1
-	}
-	// The layer's mutex is taken at the first block hs holds there, and
-	// only then: hs's layer holdings change only under hs's mutex, so
-	// finding them needs no other.
-	locked := false
-	// A chain listed parent first is removed child first, so that no
-	// block is briefly a gap: gaps make concurrent lookups search again.
-	chained := true
-	for j, k := range keys {
-		if lane >= 0 {
-			if en, e := ly.find(k); en != nil && en.lanes[lane].has(id) {
-				if !locked {
-					ly.mu.Lock()
-					locked = true
-				}
-				if hs.removeLaneGroup(ly, e, lane, group) {
-					n++
-				}
-				slots = append(slots, -1)
-				chained = false
-				continue
-			}
+	for _, k := range keys {
+		id, ok := ms.find(k)
+		if !ok {
+			continue
 		}
-		i := t.find(k)
-		slots = append(slots, int32(i))
-		if j > 0 && (i < 0 || parentOf(t.slots[i].loadMeta()) != int(slots[j-1])) {
-			chained = false
+		if b, ok := ms.ownBits(hs, id, k); !ok || b&laneBit(lane) == 0 || !hs.removeGroup(id, lane, group) {
+			continue
 		}
+		ms.update(hs, id, k, lane, opRemove)
+		*ghosts++
+		n++
 	}
-	if locked {
-		ly.mu.Unlock()
+	if n == 0 {
+		return
 	}
-	hs.scratch = slots
-	for j := range slots {
-		if chained {
-			j = len(slots) - 1 - j
-		}
-		if i := int(slots[j]); i >= 0 && ts.removeGroup(t, i, keys[j], group) {
-			n++
-		}
+	hs.held[lane].Add(-n)
+	if lane != hs.guess {
+		hs.live.Add(-n)
+		ix.total.Add(-n)
 	}
-	if n > 0 {
-		if !ts.guess {
-			hs.live.Add(-n)
-			ix.total.Add(-n)
-		}
-		ix.removed.Add(uint64(n))
-		hs.maybeCompact()
-		hs.publish()
-	}
+	ix.removed.Add(uint64(n))
+	hs.maybeCompact(lane)
 }
 
 // ClearHolder drops everything h holds for model in tier, or in every tier
@@ -546,47 +482,17 @@ func (ix *Index) ClearHolder(model string, h Holder, tier string) {
 		return
 	}
 	defer hs.mu.Unlock()
-	var n, guesses int64
-	tiers := hs.tierList()
-	gone := make([]bool, len(tiers))
-	for ti, ts := range tiers {
-		if tier != "" && ts.name != tier {
-			continue
+	mask := uint8(0xFF)
+	if tier != "" {
+		lane := hs.lane(tier, false)
+		if lane < 0 {
+			return
 		}
-		gone[ti] = true
-		if ts.guess {
-			guesses += ts.live
-		} else {
-			n += ts.live
-		}
+		mask = 1 << lane
 	}
-	var goneLane [layerLanes]bool
-	if hs.lid.Load() != 0 {
-		ly := hs.ms.layer
-		ly.mu.Lock()
-		for l := range goneLane {
-			name := ly.laneName(l)
-			goneLane[l] = name != "" && (tier == "" || name == tier)
-		}
-		n += hs.dropTiers(gone, &goneLane)
-		ly.mu.Unlock()
-	} else {
-		hs.dropTiers(gone, &goneLane)
-	}
-	tabs := make([]*table, len(tiers))
-	for ti, ts := range tiers {
-		if gone[ti] {
-			tabs[ti] = ts.tab.Load()
-			ts.tab.Store(newTable(minTableSize))
-			ts.ext, ts.childOver, ts.gaps = nil, nil, nil
-			ts.live, ts.migrated, ts.migratedKept = 0, 0, 0
-		}
-	}
-	hs.dropRoots(tabs, gone, false)
-	hs.live.Add(-n)
+	n, guesses := hs.clearLanes(mask)
 	ix.total.Add(-n)
 	ix.cleared.Add(uint64(n + guesses))
-	hs.publish()
 }
 
 // RemoveHolder forgets h in every model, e.g. when its pod is gone. A
@@ -604,28 +510,18 @@ func (ix *Index) removeHolder(h Holder, keep string, except bool) {
 		}
 		ms.mu.Lock()
 		hs, ok := ms.holders.LoadAndDelete(h)
-		if ok {
-			ix.unlist(name, ms, hs)
-		}
 		ms.mu.Unlock()
 		if ok {
 			hs.mu.Lock()
 			hs.dead = true
-			tabs, gone := hs.everyTable()
-			if hs.lid.Load() != 0 {
-				// Its layer holdings go, and then its id there.
-				ly := ms.layer
-				ly.mu.Lock()
-				hs.dropTiers(gone, &allLanes)
-				ly.releaseID(hs)
-				ly.mu.Unlock()
-			}
-			hs.dropRoots(tabs, gone, true)
-			n := hs.live.Load()
-			hs.live.Store(0)
+			n, _ := hs.clearLanes(0xFF)
+			hs.mu.Unlock()
 			ix.total.Add(-n)
 			ix.cleared.Add(uint64(n))
-			hs.mu.Unlock()
+			ms.mu.Lock()
+			ms.releaseID(hs)
+			ix.unlist(name, ms, hs)
+			ms.mu.Unlock()
 		}
 		return true
 	})
@@ -675,19 +571,7 @@ func (ix *Index) holdsReal(model string, h Holder) bool {
 		return false
 	}
 	hs, ok := ms.holders.Load(h)
-	return ok && (hs.live.Load() != 0 || hs.lid.Load() != 0)
-}
-
-// everyTable returns hs's tables, each marked gone, for a holder that goes
-// whole. hs.mu is held.
-func (hs *holderState) everyTable() (tabs []*table, gone []bool) {
-	tiers := hs.tierList()
-	tabs = make([]*table, len(tiers))
-	gone = make([]bool, len(tiers))
-	for ti, ts := range tiers {
-		tabs[ti], gone[ti] = ts.tab.Load(), true
-	}
-	return tabs, gone
+	return ok && hs.live.Load() != 0
 }
 
 // forgetGuesser forgets h under model when it holds nothing outside
@@ -699,20 +583,20 @@ func (ix *Index) forgetGuesser(model string, h Holder) {
 	if hs == nil {
 		return
 	}
-	if hs.live.Load() != 0 || hs.lid.Load() != 0 {
+	if hs.live.Load() != 0 {
 		hs.mu.Unlock()
 		return
 	}
 	// Dead first, so that a writer waiting for hs makes a new state
 	// rather than write to this one once it is unlisted.
 	hs.dead = true
-	tabs, gone := hs.everyTable()
-	hs.dropRoots(tabs, gone, true)
+	hs.clearLanes(0xFF)
 	hs.mu.Unlock()
 	ms := hs.ms
 	ms.mu.Lock()
 	if cur, ok := ms.holders.Load(h); ok && cur == hs {
 		ms.holders.Delete(h)
+		ms.releaseID(hs)
 		ix.unlist(model, ms, hs)
 	}
 	ms.mu.Unlock()
@@ -747,16 +631,9 @@ func (ix *Index) HolderBlocks(model string, h Holder) map[string]int {
 	if !ok {
 		return out
 	}
-	for _, ts := range hs.tierList() {
-		if n := ts.held.Load(); n > 0 {
-			out[ts.name] = int(n)
-		}
-	}
-	if hs.lid.Load() != 0 {
-		for l := range hs.laneHeld {
-			if n := hs.laneHeld[l].Load(); n > 0 {
-				out[ms.layer.laneName(l)] += int(n)
-			}
+	for l, name := range hs.laneNames() {
+		if n := hs.held[l].Load(); n > 0 {
+			out[name] = int(n)
 		}
 	}
 	return out
@@ -777,6 +654,7 @@ func (ix *Index) Stats() Stats {
 		EvictedCapacity: ix.evictedCapacity.Load(),
 		EvictedBudget:   ix.evictedBudget.Load(),
 		RejectedTier:    ix.rejectedTier.Load(),
+		RejectedHolders: ix.rejectedHolders.Load(),
 		SharedBlocks:    ix.shared.Load(),
 	}
 	ix.models.Range(func(_ string, ms *modelState) bool {

@@ -263,7 +263,6 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 		ix.Run("m", Holder{Pod: "p3"}, p, 4, []string{TierCPU})
 		dst = ix.Holders("m", p[3], dst)
 		dst = ix.HoldersAt("m", p, 3, dst)
-		dst = ix.model("m", false).holdersFromRoots(p, 200, dst)
 	})
 	require.Zero(t, allocs)
 	require.Len(t, res.Hits, 16)
@@ -280,14 +279,14 @@ func TestRemovalsKeepMemoryBounded(t *testing.T) {
 	hs, _ := ms.holders.Load(podA)
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
-	require.Less(t, len(hs.fifoSlot), 2048)
-	_, ts := hs.tier(TierGPU, false)
-	require.Less(t, len(ts.tab.Load().slots), 1024)
+	require.Less(t, hs.queue.n, int64(2048))
+	require.Less(t, ms.entries.Load(), int64(2048), "entries kept by ghosts")
 	require.Zero(t, ix.Stats().HolderBlocks)
 }
 
-func TestChainsLongerThanDepthsCountAreExact(t *testing.T) {
-	p := chain(3, metaDepthMax+5000)
+func TestLongChainsAreExact(t *testing.T) {
+	const depth = 1 << 16 // what the old tables' depths saturated at
+	p := chain(3, depth+5000)
 	ix := New(Config{})
 	for i := 0; i < len(p); i += 4096 {
 		var parent uint64
@@ -300,13 +299,13 @@ func TestChainsLongerThanDepthsCountAreExact(t *testing.T) {
 	ix.Lookup("m", p, &res)
 	require.Equal(t, len(p), res.Holder(podA).Prefix)
 	require.Equal(t, 4000, ix.Run("m", podA, p, len(p)-4000, nil))
-	require.Equal(t, []Holder{podA}, ix.model("m", false).holdersFromRoots(p, len(p)-1, nil), "past the depths a slot counts")
+	require.Equal(t, []Holder{podA}, ix.HoldersAt("m", p, len(p)-1, nil))
 
-	// A hole past the saturated depths: every block there is checked.
-	ix.Remove("m", podA, TierGPU, 0, p[metaDepthMax+100:metaDepthMax+101])
+	// A hole far along the chain.
+	ix.Remove("m", podA, TierGPU, 0, p[depth+100:depth+101])
 	ix.Lookup("m", p, &res)
-	require.Equal(t, metaDepthMax+100, res.Holder(podA).Prefix)
-	require.Equal(t, len(p)-metaDepthMax-101, ix.Run("m", podA, p, metaDepthMax+101, nil))
+	require.Equal(t, depth+100, res.Holder(podA).Prefix)
+	require.Equal(t, len(p)-depth-101, ix.Run("m", podA, p, depth+101, nil))
 }
 
 func TestEvictionsAreLoggedWithThePod(t *testing.T) {
@@ -323,7 +322,7 @@ func TestEvictionsAreLoggedWithThePod(t *testing.T) {
 }
 
 func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
-	const n = 300 // past what a slot's child counter holds
+	const n = 300 // past what the old tables' child counters held
 	root := uint64(77)
 	ix := New(Config{})
 	prompts := make([][]uint64, n)
@@ -332,20 +331,13 @@ func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
 		prompts[i] = []uint64{root, c, chainKey(c, 0)}
 		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: prompts[i]})
 	}
-	gapCount := func() int32 {
-		ms := ix.model("m", false)
-		hs, _ := ms.holders.Load(podA)
-		return hs.tierList()[0].tab.Load().gapN.Load()
-	}
 	var res Result
 	ix.Remove("m", podA, TierGPU, 0, []uint64{root})
-	require.Equal(t, int32(1), gapCount(), "the root is a gap")
 	ix.Lookup("m", prompts[5], &res)
 	require.Empty(t, res.Hits)
 	require.Equal(t, 2, ix.Run("m", podA, prompts[5], 1, nil))
 
 	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: []uint64{root}})
-	require.Zero(t, gapCount())
 	ix.Lookup("m", prompts[299], &res)
 	require.Equal(t, 3, res.Holder(podA).Prefix)
 
@@ -353,7 +345,6 @@ func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
 	for i := range n - 1 {
 		ix.Remove("m", podA, TierGPU, 0, prompts[i][1:2])
 	}
-	require.Equal(t, int32(-1), gapCount(), "the root and 299 children are gaps, too many to list")
 	ix.Lookup("m", prompts[n-1], &res)
 	require.Empty(t, res.Hits)
 	require.Equal(t, 2, ix.Run("m", podA, prompts[n-1], 1, nil))
@@ -362,23 +353,7 @@ func TestManyChildrenOfOneBlockAreCountedExactly(t *testing.T) {
 	for i := range n {
 		ix.Remove("m", podA, TierGPU, 0, prompts[i][2:])
 	}
-	require.Zero(t, gapCount(), "no block is held, so none is a gap")
 	require.Zero(t, ix.Stats().HolderBlocks)
-}
-
-func TestRemovingAChainParentFirstOpensNoGap(t *testing.T) {
-	ix := New(Config{})
-	p := chain(1, 64)
-	ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: p})
-	ms := ix.model("m", false)
-	hs, _ := ms.holders.Load(podA)
-	tab := hs.tierList()[0].tab.Load()
-	before := tab.epoch.Load()
-	ix.Remove("m", podA, TierGPU, 0, p[32:])
-	require.Equal(t, before, tab.epoch.Load(), "lookups racing the removal need not search again")
-	var res Result
-	ix.Lookup("m", p, &res)
-	require.Equal(t, 32, res.Holder(podA).Prefix)
 }
 
 func TestStoreInTooManyTiersIsRejectedAndCounted(t *testing.T) {
@@ -398,9 +373,9 @@ func TestStoreInTooManyTiersIsRejectedAndCounted(t *testing.T) {
 	require.Equal(t, 2, ix.Run("m", podB, keys, 0, []string{"one-too-many"}), "the limit is per holder")
 }
 
-// Blocks removed and stored again add eviction queue entries without
-// growing the table; compaction must bound the queue and keep every held
-// block in it, or capacity could no longer be enforced.
+// Blocks removed and stored again keep their queue places; compaction
+// must bound the queue and keep every held block in it, or capacity could
+// no longer be enforced.
 func TestEvictionQueueCompactionKeepsEveryHoldingEvictable(t *testing.T) {
 	ix := New(Config{})
 	ref := newBrute()
@@ -417,7 +392,7 @@ func TestEvictionQueueCompactionKeepsEveryHoldingEvictable(t *testing.T) {
 		ref.remove("m", podA, TierGPU, 0, k)
 		ix.Store(Blocks{Model: "m", Holder: podA, Tier: TierGPU, Keys: k})
 		ref.store("m", podA, TierGPU, 0, k)
-		longest = max(longest, len(hs.fifoSlot)-hs.head)
+		longest = max(longest, int(hs.queue.n))
 		if i%1000 == 0 {
 			checkInvariants(t, ix, i)
 		}
@@ -542,10 +517,8 @@ func TestLookupSearchesOnlyHoldersStartingAChainAtTheFirstBlock(t *testing.T) {
 	// podC's store names an unknown parent: p[0] is held, unanchored.
 	ix.Store(Blocks{Model: "m", Holder: podC, Tier: TierGPU, Parent: ParentKey(p[0]), Keys: p[1:5]})
 	ix.Store(Blocks{Model: "m", Holder: podC, Tier: TierGPU, Keys: p[:1]})
-	ms := ix.model("m", false)
-	require.Len(t, ms.rootHolders(p[0]), 3)
-	require.ElementsMatch(t, []Holder{podA, podB}, ms.holdersFromRoots(p, 20, nil), "chains that start at p[9] and p[1]")
-	require.ElementsMatch(t, []Holder{podA, podB, podC}, ms.holdersFromRoots(p, 3, nil), "podA listed under p[0] for GPU only")
+	require.ElementsMatch(t, []Holder{podA, podB}, ix.HoldersAt("m", p, 20, nil))
+	require.ElementsMatch(t, []Holder{podA, podB, podC}, ix.HoldersAt("m", p, 3, nil))
 
 	var res Result
 	ix.Lookup("m", p, &res)
@@ -555,7 +528,7 @@ func TestLookupSearchesOnlyHoldersStartingAChainAtTheFirstBlock(t *testing.T) {
 		podC: {Holder: podC, Prefix: 5, Tiers: []TierPrefix{{TierGPU, 5}}},
 	}, hitsByHolder(&res))
 
-	// Rebuilt tables, cleared tiers and removed holders leave the roots.
+	// Cleared tiers and removed holders leave the first block's holders.
 	ix.ClearHolder("m", podB, TierCPU)
 	ix.RemoveHolder(podC)
 	for i := range 2000 {
@@ -563,7 +536,7 @@ func TestLookupSearchesOnlyHoldersStartingAChainAtTheFirstBlock(t *testing.T) {
 		ix.Remove("m", podA, TierGPU, 0, chain(uint64(5000+i), 4))
 	}
 	checkInvariants(t, ix, -1)
-	require.Len(t, ms.rootHolders(p[0]), 1)
+	require.Equal(t, []Holder{podA}, ix.Holders("m", p[0], nil))
 	ix.Lookup("m", p, &res)
 	require.Equal(t, map[Holder]Hit{podA: {Holder: podA, Prefix: 30, Tiers: []TierPrefix{{TierGPU, 10}}}}, hitsByHolder(&res))
 }

@@ -230,23 +230,12 @@ func TestIndexMatchesBruteForce(t *testing.T) {
 		{models: 1, holders: 4, ops: 800, maxLen: 64, tiers: []string{"GPU"}, groups: []int{0, 1}, engineLike: true},
 	}
 	seeds := sized(12, 3)
-	// Share thresholds of 1 and 2 keep blocks in the layer, all of them
-	// or those two holders hold; the default keeps these few holders'
-	// blocks in their tables.
-	for _, share := range []int{0, 1, 2} {
-		n := seeds
-		if share > 0 {
-			n = sized(seeds, 1)
-		}
-		for ci, pc := range cases {
-			// The long chains' cases cost the most: with every block in
-			// the layer, 1500 operations took half a minute under -race.
-			pc.ops = sized(pc.ops, min(pc.ops, 600))
-			for seed := range n {
-				t.Run(fmt.Sprintf("share%d/case%d/seed%d", share, ci, seed), func(t *testing.T) {
-					checkAgainstBrute(t, pc, uint64(seed)*1000+uint64(ci), share)
-				})
-			}
+	for ci, pc := range cases {
+		pc.ops = sized(pc.ops, min(pc.ops, 600))
+		for seed := range seeds {
+			t.Run(fmt.Sprintf("case%d/seed%d", ci, seed), func(t *testing.T) {
+				checkAgainstBrute(t, pc, uint64(seed)*1000+uint64(ci))
+			})
 		}
 	}
 }
@@ -262,9 +251,8 @@ type workload struct {
 	holders []Holder
 	ref     *brute
 	res     Result
-	// searched counts runs compared with their searched version; shared
-	// the checks that found blocks in the layer.
-	searched, shared int
+	// shared counts the checks that found blocks with two or more holders.
+	shared int
 }
 
 func newWorkload(t *testing.T, pc propConfig, seed uint64) *workload {
@@ -345,10 +333,6 @@ func (w *workload) check(ix *Index, op int) {
 		k := q[ki]
 		require.ElementsMatch(t, ref.holders(model, k), ix.Holders(model, k, nil), "op %d holders", op)
 		require.ElementsMatch(t, ref.holders(model, k), ix.HoldersAt(model, q, ki, nil), "op %d holders at %d", op, ki)
-		if ms := ix.model(model, false); ms != nil {
-			require.ElementsMatch(t, ref.holders(model, k), ms.holdersFromRoots(q, ki, nil), "op %d holders from roots at %d", op, ki)
-		}
-		w.searched += checkSearch(t, ix, model, q, start)
 		if ix.Stats().SharedBlocks > 0 {
 			w.shared++
 		}
@@ -365,9 +349,9 @@ func (w *workload) checkCounts(ix *Index, op int) {
 	}
 }
 
-func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64, share int) {
+func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64) {
 	w := newWorkload(t, pc, seed)
-	ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: share})
+	ix := New(Config{MaxHolderBlocks: -1})
 	for op := range pc.ops {
 		if w.rng.IntN(100) < 84 {
 			w.mutate(ix)
@@ -379,45 +363,9 @@ func checkAgainstBrute(t *testing.T, pc propConfig, seed uint64, share int) {
 			checkInvariants(t, ix, op)
 		}
 	}
-	if pc.engineLike {
-		require.Positive(t, w.searched, "no lookup searched by depth")
+	if pc.holders > 1 {
+		require.Positive(t, w.shared, "no block had two holders")
 	}
-	if share == 1 {
-		require.Positive(t, w.shared, "no block was shared")
-	}
-}
-
-// checkSearch compares, for every table of model with its gaps listed, the
-// searching run with the block-by-block one, and returns how many it
-// compared.
-func checkSearch(t *testing.T, ix *Index, model string, keys []uint64, start int) int {
-	ms := ix.model(model, false)
-	if ms == nil || start >= len(keys) {
-		return 0
-	}
-	n := 0
-	for _, hs := range *ms.list.Load() {
-		for _, ts := range hs.tierList() {
-			tab := ts.tab.Load()
-			g := int(tab.gapN.Load())
-			if g < 0 {
-				continue
-			}
-			require.Equal(t, tab.linear(keys, start), tab.search(keys, start, g), "search of %v %s from %d", hs.h, ts.name, start)
-			n++
-		}
-		ly := ms.layer
-		v := hs.lid.Load()
-		for lane := range ly.lanes {
-			g := int(ly.lanes[lane].gapN.Load())
-			if v == 0 || g < 0 {
-				continue
-			}
-			require.Equal(t, ly.linear(keys, start, lane, v-1, nil), ly.search(keys, start, lane, v-1, g, nil), "layer search of %v lane %d from %d", hs.h, lane, start)
-			n++
-		}
-	}
-	return n
 }
 
 func TestLookupsStayExactThroughEvictions(t *testing.T) {
@@ -426,8 +374,8 @@ func TestLookupsStayExactThroughEvictions(t *testing.T) {
 		w := newWorkload(t, pc, 500+seed)
 		// Small limits: the oldest blocks, often parents, go first. The
 		// reference model no longer knows what is held, so the oracle
-		// asks the tables and the layer block by block.
-		ix := New(Config{HolderCapacity: 150, MaxHolderBlocks: 300, ShareThreshold: []int{0, 1, 2}[seed%3]})
+		// asks the entries block by block.
+		ix := New(Config{HolderCapacity: 150, MaxHolderBlocks: 300})
 		for op := range pc.ops {
 			w.mutate(ix)
 			if op%40 == 0 {
@@ -440,55 +388,40 @@ func TestLookupsStayExactThroughEvictions(t *testing.T) {
 			var res Result
 			ix.Lookup("m0", q, &res)
 			require.Equal(t, oracleLookup(ix, "m0", q), hitsByHolder(&res), "seed %d op %d", seed, op)
-			w.searched += checkSearch(t, ix, "m0", q, w.rng.IntN(len(q)))
 		}
 		s := ix.Stats()
 		require.Positive(t, s.EvictedCapacity+s.EvictedBudget)
 		require.LessOrEqual(t, s.HolderBlocks, int64(300))
-		require.Positive(t, w.searched)
 	}
 }
 
-// oracleLookup is Lookup computed by probing every block of every table.
+// oracleLookup is Lookup computed by reading every block's entry for
+// every holder.
 func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
 	out := make(map[Holder]Hit)
 	ms := ix.model(model, false)
 	if ms == nil {
 		return out
 	}
-	ly := ms.layer
 	for _, hs := range *ms.list.Load() {
 		hit := Hit{Holder: hs.h}
-		tiers := hs.tierList()
-		inTier := func(ts *tierState, k uint64) bool {
-			if held(ts.tab.Load().get(k)) {
-				return true
+		held := func(i int) uint8 {
+			v, ok := ms.view(keys[i])
+			if !ok {
+				return 0
 			}
-			lane, v := ly.laneOf(ts.name), hs.lid.Load()
-			if lane < 0 || v == 0 {
-				return false
-			}
-			h, _ := ly.look([]uint64{k}, 0, lane, v-1, nil)
-			return h
+			return v.heldOf(hs.id)
 		}
-		heldAt := func(i int) bool {
-			for _, ts := range tiers {
-				if inTier(ts, keys[i]) {
-					return true
-				}
-			}
-			return false
-		}
-		for _, ts := range tiers {
+		for l, name := range hs.laneNames() {
 			n := 0
-			for n < len(keys) && inTier(ts, keys[n]) {
+			for n < len(keys) && held(n)&(1<<l) != 0 {
 				n++
 			}
 			if n > 0 {
-				hit.Tiers = append(hit.Tiers, TierPrefix{ts.name, n})
+				hit.Tiers = append(hit.Tiers, TierPrefix{name, n})
 			}
 		}
-		for hit.Prefix < len(keys) && heldAt(hit.Prefix) {
+		for hit.Prefix < len(keys) && held(hit.Prefix) != 0 {
 			hit.Prefix++
 		}
 		if hit.Prefix > 0 {
@@ -497,134 +430,4 @@ func oracleLookup(ix *Index, model string, keys []uint64) map[Holder]Hit {
 		}
 	}
 	return out
-}
-
-// checkInvariants verifies the writer-side bookkeeping lookups rely on, for
-// every holder: each anchor names a slot whose depth is one less, children
-// counts and the gap set match the held slots, the published gap list
-// matches the gap set (or is -1 past maxGaps), and every held slot is in
-// the eviction queue, so capacity can always be enforced; and the roots
-// lookups start from (checkRoots). As in checkLayer, a per-slot require
-// runs only once its condition failed.
-func checkInvariants(t *testing.T, ix *Index, op int) {
-	checkRoots(t, ix, op)
-	checkLayer(t, ix, op)
-	ix.models.Range(func(model string, ms *modelState) bool {
-		for _, hs := range *ms.list.Load() {
-			hs.mu.Lock()
-			tiers := hs.tierList()
-			queued := make([]map[uint32]bool, len(tiers))
-			for ti := range queued {
-				queued[ti] = make(map[uint32]bool)
-			}
-			for r := hs.head; r < len(hs.fifoSlot); r++ {
-				if hs.fifoTier[r] < fifoLayer {
-					queued[hs.fifoTier[r]][hs.fifoSlot[r]] = true
-				}
-			}
-			var live int64
-			for ti, ts := range tiers {
-				tab := ts.tab.Load()
-				children := make([]int, len(tab.slots))
-				var held64 int64
-				for i := range tab.slots {
-					m := tab.slots[i].meta
-					if m == 0 {
-						continue
-					}
-					if p := parentOf(m); p >= 0 {
-						if pm := tab.slots[p].meta; pm == 0 || depthOf(m) != min(depthOf(pm)+1, metaDepthMax) {
-							require.NotZero(t, pm, "op %d %s %v: anchor of an empty slot", op, model, hs.h)
-							require.Equal(t, min(depthOf(pm)+1, metaDepthMax), depthOf(m), "op %d %s %v: depth", op, model, hs.h)
-						}
-						if held(m) {
-							children[p]++
-						}
-					}
-					if held(m) {
-						held64++
-						if !queued[ti][uint32(i)] {
-							require.True(t, queued[ti][uint32(i)], "op %d %s %v: held slot not in the eviction queue", op, model, hs.h)
-						}
-					}
-				}
-				gaps := make(map[uint64]uint64)
-				for i := range tab.slots {
-					m := tab.slots[i].meta
-					if m == 0 {
-						continue
-					}
-					if c := ts.children(tab, i, m); c != children[i] {
-						require.Equal(t, children[i], c, "op %d %s %v: children", op, model, hs.h)
-					}
-					if !held(m) && children[i] > 0 {
-						gaps[tab.slots[i].key] = uint64(depthOf(m))
-					}
-				}
-				require.Equal(t, gaps, orEmpty(ts.gaps), "op %d %s %v: gaps", op, model, hs.h)
-				if g := int(tab.gapN.Load()); g >= 0 {
-					listed := make(map[uint64]uint64)
-					for j := range g {
-						listed[tab.gaps[j].key.Load()] = tab.gaps[j].depth.Load()
-					}
-					require.Equal(t, gaps, listed, "op %d %s %v: published gaps", op, model, hs.h)
-				} else {
-					require.Greater(t, len(gaps), maxGaps, "op %d %s %v: gaps unlisted although few", op, model, hs.h)
-				}
-				require.Equal(t, held64, ts.live, "op %d %s %v: tier count", op, model, hs.h)
-				live += held64
-			}
-			for _, n := range hs.laneLive {
-				live += n
-			}
-			require.Equal(t, live, hs.live.Load(), "op %d %s %v: holder count", op, model, hs.h)
-			if c := hs.capacity.Load(); c > 0 {
-				require.LessOrEqual(t, live, c, "op %d %s %v: capacity", op, model, hs.h)
-			}
-			hs.mu.Unlock()
-		}
-		return true
-	})
-}
-
-// checkRoots verifies the model's roots: each holder is listed under a key
-// exactly once while one of its tiers has a depth-0 slot for it, and only
-// then.
-func checkRoots(t *testing.T, ix *Index, op int) {
-	ix.models.Range(func(model string, ms *modelState) bool {
-		want := make(map[uint64]map[*holderState]int)
-		for _, hs := range *ms.list.Load() {
-			hs.mu.Lock()
-			for _, ts := range hs.tierList() {
-				tab := ts.tab.Load()
-				for i := range tab.slots {
-					if m := tab.slots[i].meta; m != 0 && depthOf(m) == 0 {
-						k := tab.slots[i].key
-						if want[k] == nil {
-							want[k] = make(map[*holderState]int)
-						}
-						want[k][hs] = 1
-					}
-				}
-			}
-			hs.mu.Unlock()
-		}
-		got := make(map[uint64]map[*holderState]int)
-		ms.roots.Range(func(k uint64, rs *rootSet) bool {
-			got[k] = make(map[*holderState]int)
-			for _, hs := range *rs.holders.Load() {
-				got[k][hs]++
-			}
-			return true
-		})
-		require.Equal(t, want, got, "op %d %s: roots", op, model)
-		return true
-	})
-}
-
-func orEmpty(m map[uint64]uint64) map[uint64]uint64 {
-	if m == nil {
-		return map[uint64]uint64{}
-	}
-	return m
 }

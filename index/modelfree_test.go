@@ -15,13 +15,16 @@ import (
 // dropped (a new one per message cost 9 KiB each, for good) leave
 // nothing, and a store under the name later starts afresh.
 func TestAModelNobodyHoldsIsFreed(t *testing.T) {
-	for _, share := range []int{0, 1} { // 1: every block in the shared layer
-		t.Run(fmt.Sprintf("share %d", share), func(t *testing.T) {
-			ix := New(Config{ShareThreshold: share})
+	for _, shared := range []bool{false, true} { // true: a second holder of m's blocks
+		t.Run(fmt.Sprintf("shared %v", shared), func(t *testing.T) {
+			ix := New(Config{})
 			a, b := Holder{Pod: "10.0.0.1:8000"}, Holder{Pod: "10.0.0.2:8000"}
 			keys := chain(1, 8)
-			for _, h := range []Holder{a, b} {
-				ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: keys})
+			ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: keys})
+			if shared {
+				ix.Store(Blocks{Model: "m", Holder: b, Tier: TierGPU, Keys: keys})
+			} else {
+				ix.Store(Blocks{Model: "m", Holder: b, Tier: TierGPU, Keys: chain(2, 8)})
 			}
 			const names = 2000
 			for i := range names {

@@ -32,12 +32,7 @@ func (h *Hit) Tier(t string) int {
 // are recycled, so a steady-state lookup does not allocate.
 type Result struct {
 	Hits []Hit
-	ids  []uint32 // the layer's holders of the first block
-	memo layerMemo
-	// pre holds, per lane, each of ids' run in the layer from the first
-	// block; alive and gone are groupRun's scratch.
-	pre                [layerLanes][]int32
-	alive, gone, union []uint64
+	sc   scan
 }
 
 // Holder returns the hit of h, or nil when h holds no prefix.

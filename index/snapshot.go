@@ -27,20 +27,16 @@ var (
 //
 //	header   magic "KVSIDX\r\n", version uint32
 //	body     capacity overrides, last sequence numbers, then per model, per
-//	         holder, per tier: its slots (key, groups, depth, anchor) and
-//	         the holder's eviction order, whose entries name a slot, or
-//	         (from version 2) a shared block by key, tier, parent key and
-//	         groups
+//	         holder: its tiers, and its holdings in eviction order, each a
+//	         tier, a key and its KV cache groups (format 3; see
+//	         snapshot_v2.go for formats 1 and 2, which load)
 //	trailer  body length uint64, CRC-32C of header and body uint32, "KEND"
 //
-// Integers are little-endian or varints. Children counts and gaps are not
-// stored: they follow from the slots and are rebuilt on load.
+// Integers are little-endian or varints.
 const (
-	snapMagic   = "KVSIDX\r\n"
-	snapEnd     = "KEND"
-	snapVersion = 2
-	// snapShared opens an eviction-order entry of a shared block.
-	snapShared      = 0xFF
+	snapMagic       = "KVSIDX\r\n"
+	snapEnd         = "KEND"
+	snapVersion     = 3
 	snapHeaderSize  = len(snapMagic) + 4
 	snapTrailerSize = 8 + 4 + len(snapEnd)
 )
@@ -133,11 +129,7 @@ func (ix *Index) encode(e *encoder, seqs map[Holder]uint64, only bool) {
 		models[name] = ms
 		return true
 	})
-	names := make([]string, 0, len(models))
-	for name := range models {
-		names = append(names, name)
-	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(models))
 	e.uvarint(uint64(len(names)))
 	for _, name := range names {
 		e.str(name)
@@ -158,172 +150,61 @@ func (ix *Index) encode(e *encoder, seqs map[Holder]uint64, only bool) {
 }
 
 // encode writes the holder; a holder removed meanwhile is written empty.
+// Its holdings are read from its eviction queue, which names each once,
+// in the order evictions take them. Speculative entries, guesses about
+// the next seconds, are not saved.
 func (hs *holderState) encode(e *encoder) {
 	e.holder(hs.h)
-	all := hs.tierList()
+	lanes := hs.laneNames()
 	if hs.dead {
-		all = nil
+		lanes = nil
 	}
-	// A speculative entry is a guess about the next seconds: it is not
-	// saved. newTier maps a tier's index to its index in the file, -1 for
-	// one left out.
-	newTier := make([]int, len(all))
-	var tiers []*tierState
-	for ti, ts := range all {
-		newTier[ti] = -1
-		if ts.name != TierSpeculative {
-			newTier[ti] = len(tiers)
-			tiers = append(tiers, ts)
+	// saved maps a lane to its tier's number in the file.
+	var saved [maxTiers]int
+	n := 0
+	for l := range lanes {
+		saved[l] = -1
+		if l != hs.guess {
+			saved[l] = n
+			n++
 		}
 	}
-	e.uvarint(uint64(len(tiers)))
-	saved := make([][]uint32, len(all))
-	for ti, ts := range all {
-		if newTier[ti] < 0 {
-			continue
-		}
-		t := ts.tab.Load()
-		marks, _ := ts.ancestors(t, nil)
-		// marks become saved indices + 1, for held slots too.
-		next := uint32(0)
-		for i := range marks {
-			if marks[i] != 0 || held(t.slots[i].loadMeta()) {
-				next++
-				marks[i] = next
-			}
-		}
-		saved[ti] = marks
-		e.str(ts.name)
-		e.uvarint(uint64(next))
-		for i := range t.slots {
-			if marks[i] == 0 {
-				continue
-			}
-			s := &t.slots[i]
-			m := s.loadMeta()
-			e.u64(s.loadKey())
-			e.raw([]byte{byte(m & metaGroups)})
-			e.uvarint(uint64(depthOf(m)))
-			p := parentOf(m)
-			if p < 0 {
-				e.uvarint(0)
-			} else {
-				e.uvarint(uint64(marks[p]))
-			}
-			if m&metaExtGroup != 0 {
-				gs := ts.ext[s.loadKey()]
-				e.uvarint(uint64(len(gs)))
-				for _, g := range gs {
-					e.varint(int64(g))
-				}
-			}
+	e.uvarint(uint64(n))
+	for l, name := range lanes {
+		if saved[l] >= 0 {
+			e.str(name)
 		}
 	}
 	if hs.dead {
 		e.uvarint(0)
 		return
 	}
-	var ly *layer
-	if hs.lid.Load() != 0 {
-		ly = hs.ms.layer
-		ly.mu.Lock()
-		defer ly.mu.Unlock()
+	ms := hs.ms
+	held := func(id uint32, lane int) (uint64, bool) {
+		key := ms.entry(id).key.Load()
+		b, _ := ms.ownBits(hs, id, key)
+		return key, b&laneBit(lane) != 0
 	}
-	// tierOfLane maps a lane to the holder's tier of its name.
-	var tierOfLane [layerLanes]int
-	for l := range tierOfLane {
-		tierOfLane[l] = -1
-		for ti, ts := range all {
-			if ly != nil && ts.name == ly.laneName(l) {
-				tierOfLane[l] = newTier[ti]
-			}
+	n = 0
+	hs.queue.each(func(id uint32, lane int) bool {
+		if _, ok := held(id, lane); ok {
+			n++
 		}
-	}
-	n := 0
-	hs.evictionOrder(all, newTier, ly, func(int, uint32, int, int) { n++ })
-	e.uvarint(uint64(n))
-	hs.evictionOrder(all, newTier, ly, func(ti int, slot uint32, x int, lane int) {
-		if x < 0 {
-			e.raw([]byte{byte(newTier[ti])})
-			e.uvarint(uint64(saved[ti][slot] - 1))
-			return
-		}
-		en := ly.at(uint32(x))
-		e.raw([]byte{snapShared, byte(tierOfLane[lane])})
-		e.u64(en.key.Load())
-		if p := entryParent(en.meta.Load()); p >= 0 {
-			e.raw([]byte{1})
-			e.u64(ly.at(uint32(p)).key.Load())
-		} else {
-			e.raw([]byte{0})
-		}
-		gs := hs.laneGroups[layerGroupKey(uint32(x), lane)]
-		e.uvarint(uint64(len(gs)))
-		for _, g := range gs {
-			e.varint(int64(g))
-		}
+		return true
 	})
-}
-
-// evictionOrder calls f with each holding of hs in the tiers newTier
-// keeps (>= 0), in the order evictions would take them: at the first
-// queue entry that names it, from head on. A table holding is f(ti, slot,
-// -1, -1), a layer holding f(-1, 0, entry, lane). ly is hs's layer,
-// locked, or nil when hs has no layer holdings.
-//
-// The queue is read, not compacted: compacting keeps a holding's newest
-// entry, so a holding removed and stored again, which evictions take at
-// its first entry, would move back in the saving index's order.
-func (hs *holderState) evictionOrder(all []*tierState, newTier []int, ly *layer, f func(ti int, slot uint32, x int, lane int)) {
-	seen := make([][]uint64, len(all))
-	for ti, ts := range all {
-		if newTier[ti] >= 0 {
-			seen[ti] = make([]uint64, (len(ts.tab.Load().slots)+63)/64)
-		}
-	}
-	var id uint32
-	var seenLayer map[uint64]bool
-	if ly != nil {
-		id = hs.lid.Load() - 1
-		seenLayer = make(map[uint64]bool)
-	}
-	layerHolding := func(x uint32, lane int) {
-		if k := layerGroupKey(x, lane); !seenLayer[k] && ly.at(x).lanes[lane].has(id) {
-			seenLayer[k] = true
-			f(-1, 0, int(x), lane)
-		}
-	}
-	for r := hs.head; r < len(hs.fifoSlot); r++ {
-		t, i := hs.fifoTier[r], hs.fifoSlot[r]
-		switch {
-		case t < fifoLayer:
-			if newTier[t] < 0 || seen[t][i/64]&(1<<(i%64)) != 0 {
-				continue
+	e.uvarint(uint64(n))
+	hs.queue.each(func(id uint32, lane int) bool {
+		if key, ok := held(id, lane); ok {
+			e.raw([]byte{byte(saved[lane])})
+			e.u64(key)
+			gs := hs.groupsOf(id, lane)
+			e.uvarint(uint64(len(gs)))
+			for _, g := range gs {
+				e.varint(int64(g))
 			}
-			tab := all[t].tab.Load()
-			switch m := tab.slots[i].loadMeta(); {
-			case held(m):
-				seen[t][i/64] |= 1 << (i % 64)
-				f(int(t), i, -1, -1)
-			case m&metaMigrated != 0 && ly != nil:
-				// The slot's holding moved to the layer; the entry names
-				// the layer holding.
-				if lane := ly.laneOf(all[t].name); lane >= 0 {
-					if en, x := ly.find(tab.slots[i].loadKey()); en != nil {
-						layerHolding(uint32(x), lane)
-					}
-				}
-			}
-		case t == fifoRun:
-			first, lane, cnt := hs.runAt(r)
-			for x := range cnt {
-				layerHolding(first+x, lane)
-			}
-			r++
-		default:
-			layerHolding(i, int(t-fifoLayer))
 		}
-	}
+		return true
+	})
 }
 
 func sortedHolders[V any](m map[Holder]V) []Holder {
@@ -384,9 +265,9 @@ func load(data []byte, cfg Config) (*Index, map[Holder]uint64, error) {
 	if len(data) < snapHeaderSize {
 		return nil, nil, fmt.Errorf("%w: truncated header", ErrBadSnapshot)
 	}
-	// Version 1 is version 2 without shared blocks.
-	if v := binary.LittleEndian.Uint32(data[len(snapMagic):]); v != 1 && v != snapVersion {
-		return nil, nil, fmt.Errorf("%w: %w %d (this build reads 1 and %d)", ErrBadSnapshot, ErrSnapshotVersion, v, snapVersion)
+	v := binary.LittleEndian.Uint32(data[len(snapMagic):])
+	if v < 1 || v > snapVersion {
+		return nil, nil, fmt.Errorf("%w: %w %d (this build reads 1 to %d)", ErrBadSnapshot, ErrSnapshotVersion, v, snapVersion)
 	}
 	if len(data) < snapHeaderSize+snapTrailerSize {
 		return nil, nil, fmt.Errorf("%w: truncated", ErrBadSnapshot)
@@ -402,7 +283,7 @@ func load(data []byte, cfg Config) (*Index, map[Holder]uint64, error) {
 	if sum := crc32.Checksum(data[:len(data)-snapTrailerSize], crcTable); sum != binary.LittleEndian.Uint32(trailer[8:]) {
 		return nil, nil, fmt.Errorf("%w: checksum mismatch", ErrBadSnapshot)
 	}
-	d := &decoder{b: body}
+	d := &decoder{b: body, version: v}
 	ix, seqs := decodeIndex(d, cfg)
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("%d trailing bytes", len(d.b))
@@ -424,34 +305,43 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 		h := d.holder()
 		seqs[h] = d.uvarint()
 	}
+	seen := make(map[string]bool)
 	for range d.count(2) {
 		name := d.str()
 		if d.err != nil {
 			break
 		}
-		if _, ok := ix.models.Load(name); ok {
+		if seen[name] {
 			d.fail("model %q twice", name)
 			break
 		}
-		ms := ix.model(name, true)
-		var shared []sharedRec
+		seen[name] = true
+		// A model is made with its first holder: one with none (a file
+		// SaveHolders left its holders out of) would cost its state for
+		// good, and a small file could name many.
+		var ms *modelState
 		for range d.count(3) {
-			hs := decodeHolder(d, ix, ms, &shared)
+			if ms == nil {
+				ms = ix.model(name, true)
+			}
+			sh := d.savedHolder()
 			if d.err != nil {
 				break
 			}
-			if _, ok := ms.holders.Load(hs.h); ok {
-				d.fail("holder %v of model %q twice", hs.h, name)
+			if _, ok := ms.holders.Load(sh.h); ok {
+				d.fail("holder %v of model %q twice", sh.h, name)
 				break
 			}
-			hs.listRoots()
-			ms.holders.Store(hs.h, hs)
-			next := append(*ms.list.Load(), hs)
-			ms.list.Store(&next)
-			ix.total.Add(hs.live.Load())
-		}
-		if d.err == nil {
-			buildShared(d, ms, shared)
+			ms.mu.Lock()
+			hs := ms.newHolder(sh.h, ix.capacityOf(sh.h))
+			ms.mu.Unlock()
+			if hs == nil {
+				d.fail("model %q has too many holders", name)
+				break
+			}
+			hs.mu.Lock()
+			ix.restore(hs, sh, d)
+			hs.mu.Unlock()
 		}
 	}
 	if d.err != nil {
@@ -462,7 +352,6 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 		for _, hs := range *ms.list.Load() {
 			hs.mu.Lock()
 			ix.enforce(name, hs)
-			hs.publish()
 			hs.mu.Unlock()
 		}
 		return true
@@ -470,309 +359,122 @@ func decodeIndex(d *decoder, cfg Config) (*Index, map[Holder]uint64) {
 	return ix, seqs
 }
 
-type savedSlot struct {
+// savedHolder is a holder as a file has it: its tiers, and its holdings
+// in eviction order.
+type savedHolder struct {
+	h        Holder
+	tiers    []string
+	holdings []savedHolding
+}
+
+type savedHolding struct {
+	tier   int
 	key    uint64
-	groups uint64
-	depth  int
-	parent int
-	ext    []int
+	groups []int // nil: group 0 alone
 }
 
-// sharedRec is a saved holding of a shared block.
-type sharedRec struct {
-	hs        *holderState
-	tier      string
-	key       uint64
-	parent    uint64
-	hasParent bool
-	groups    []int
-}
-
-// decodeHolder reads a holder, queueing its eviction order; the entries of
-// shared blocks are queued as fifoRunLen items naming their record in
-// shared, for buildShared to replace.
-func decodeHolder(d *decoder, ix *Index, ms *modelState, shared *[]sharedRec) *holderState {
-	h := d.holder()
-	hs := newHolderState(ms, h, ix.capacityOf(h))
-	nt := d.count(2)
-	if nt > maxTiers {
-		d.fail("holder %v has %d tiers", h, nt)
-		return hs
+// savedHolder reads a holder of the file's format.
+func (d *decoder) savedHolder() savedHolder {
+	if d.version < 3 {
+		return d.savedHolderV2()
 	}
-	var live int64
-	slotOf := make([][]uint32, 0, nt)
-	for range nt {
+	sh := savedHolder{h: d.holder()}
+	sh.tiers = d.tiers(sh.h)
+	for range d.count(10) {
+		hd := savedHolding{tier: int(d.byte()), key: d.u64()}
+		hd.groups = d.groups(sh.h, true)
+		if d.err != nil {
+			break
+		}
+		if hd.tier >= len(sh.tiers) {
+			d.fail("holder %v: a holding in tier %d of %d", sh.h, hd.tier, len(sh.tiers))
+			break
+		}
+		sh.holdings = append(sh.holdings, hd)
+	}
+	return sh
+}
+
+// tiers reads a holder's tier names.
+func (d *decoder) tiers(h Holder) []string {
+	n := d.count(2)
+	if n > maxTiers {
+		d.fail("holder %v has %d tiers", h, n)
+		return nil
+	}
+	var tiers []string
+	for range n {
 		name := d.str()
-		if name == "" {
-			d.fail("holder %v has an unnamed tier", h)
-		}
-		if d.err != nil {
-			return hs
-		}
-		if _, ts := hs.tier(name, false); ts != nil {
+		switch {
+		case d.err != nil:
+			return nil
+		case name == "" || name == TierSpeculative:
+			d.fail("holder %v has tier %q", h, name)
+			return nil
+		case slices.Contains(tiers, name):
 			d.fail("holder %v has tier %q twice", h, name)
-			return hs
+			return nil
 		}
-		_, ts := hs.tier(name, true)
-		n := d.count(11)
-		slots := make([]savedSlot, 0, n)
-		for i := range n {
-			s := savedSlot{key: d.u64(), groups: uint64(d.byte()), depth: int(d.uvarint()), parent: int(min(d.uvarint(), uint64(n)+1)) - 1}
-			if s.groups&metaExtGroup != 0 {
-				s.ext = d.groups(h, name, false)
-			}
-			if s.parent < -1 || s.parent >= int(n) || s.parent == i {
-				d.fail("holder %v tier %q: bad anchor", h, name)
-			}
-			if d.err != nil {
-				return hs
-			}
-			slots = append(slots, s)
-		}
-		slotIdx, n2 := buildTier(d, ts, slots)
-		if d.err != nil {
-			return hs
-		}
-		live += n2
-		slotOf = append(slotOf, slotIdx)
+		tiers = append(tiers, name)
 	}
-	tiers := hs.tierList()
-	seen := make([][]bool, len(tiers))
-	for ti := range tiers {
-		seen[ti] = make([]bool, len(slotOf[ti]))
-	}
-	seenShared := make(map[sharedKey]bool)
-	for range d.count(2) {
-		ti := int(d.byte())
-		if ti == snapShared {
-			r := sharedRec{hs: hs}
-			ti = int(d.byte())
-			r.key = d.u64()
-			r.hasParent = d.byte() != 0
-			if r.hasParent {
-				r.parent = d.u64()
-			}
-			if ti < len(tiers) {
-				r.tier = tiers[ti].name
-			}
-			r.groups = d.groups(h, r.tier, true)
-			if d.err != nil {
-				return hs
-			}
-			k := sharedKey{ti, r.key}
-			if ti >= len(tiers) || seenShared[k] || held(tiers[ti].tab.Load().get(r.key)) {
-				d.fail("holder %v: eviction order names a shared block of a missing tier, twice or also unshared", h)
-				return hs
-			}
-			seenShared[k] = true
-			hs.push(fifoRunLen, len(*shared))
-			*shared = append(*shared, r)
-			live++
-			continue
-		}
-		idx := d.uvarint()
-		if d.err != nil {
-			return hs
-		}
-		if ti >= len(tiers) || idx >= uint64(len(slotOf[ti])) {
-			d.fail("holder %v: eviction order names a missing block", h)
-			return hs
-		}
-		i := slotOf[ti][idx]
-		if seen[ti][idx] || !held(tiers[ti].tab.Load().slots[i].meta) {
-			d.fail("holder %v: eviction order names a block twice or an unheld one", h)
-			return hs
-		}
-		seen[ti][idx] = true
-		hs.push(ti, int(i))
-	}
-	if int64(len(hs.fifoSlot)) != live {
-		d.fail("holder %v: eviction order lists %d of %d blocks", h, len(hs.fifoSlot), live)
-	}
-	hs.live.Store(live)
-	return hs
+	return tiers
 }
 
-type sharedKey struct {
-	tier int
-	key  uint64
-}
-
-// groups reads a list of KV cache groups: ext ones (7 on) for a slot, any
-// for a shared block, where an empty list is group 0 alone.
-func (d *decoder) groups(h Holder, tier string, shared bool) []int {
+// groups reads a list of KV cache groups, where an empty list is group 0
+// alone; with canon, it must list them as the index keeps them: sorted,
+// and not group 0 alone.
+func (d *decoder) groups(h Holder, canon bool) []int {
 	var gs []int
 	for range d.count(1) {
 		g := int(d.varint())
-		if !shared && groupBit(g) != metaExtGroup || slices.Contains(gs, g) {
-			d.fail("holder %v tier %q: bad group %d", h, tier, g)
+		if slices.Contains(gs, g) || canon && len(gs) > 0 && g < gs[len(gs)-1] {
+			d.fail("holder %v: bad group list", h)
 		}
 		gs = append(gs, g)
 	}
-	if !shared && len(gs) == 0 {
-		d.fail("holder %v tier %q: group list missing", h, tier)
+	if len(gs) == 1 && gs[0] == 0 {
+		if canon {
+			d.fail("holder %v: bad group list", h)
+		}
+		return nil
 	}
-	if shared && len(gs) == 1 && gs[0] == 0 {
-		gs = nil
-	}
+	slices.Sort(gs)
 	return gs
 }
 
-// buildShared builds ms's layer from the shared records of its holders and
-// puts their entries in the holders' eviction orders.
-func buildShared(d *decoder, ms *modelState, recs []sharedRec) {
-	if len(recs) == 0 {
-		return
+// restore stores sh's holdings in hs, in order, as its stores did.
+func (ix *Index) restore(hs *holderState, sh savedHolder, d *decoder) {
+	lanes := make([]int, len(sh.tiers))
+	for i, name := range sh.tiers {
+		lanes[i] = hs.lane(name, true)
 	}
-	ly := ms.layer
-	ly.mu.Lock()
-	defer ly.mu.Unlock()
-	parentOf := make(map[uint64]sharedRec, len(recs))
-	for _, r := range recs {
-		if _, ok := parentOf[r.key]; !ok {
-			parentOf[r.key] = r
-		}
-	}
-	entry := make(map[uint64]int, len(parentOf))
-	var up []uint64
-	// ensure creates key's entry after those of its saved ancestors.
-	ensure := func(key uint64) int {
-		up = up[:0]
-		for k := key; ; {
-			if _, ok := entry[k]; ok {
-				break
-			}
-			up = append(up, k)
-			if len(up) > len(parentOf) {
-				d.fail("shared blocks: parents form a cycle")
-				return -1
-			}
-			r := parentOf[k]
-			if _, ok := parentOf[r.parent]; !r.hasParent || !ok {
-				break
-			}
-			k = r.parent
-		}
-		for i := len(up) - 1; i >= 0; i-- {
-			p := -1
-			if r := parentOf[up[i]]; r.hasParent {
-				if e, ok := entry[r.parent]; ok {
-					p = e
-				}
-			}
-			entry[up[i]] = ly.create(up[i], p)
-		}
-		return entry[key]
-	}
-	at := make([]int, len(recs))
-	for i, r := range recs {
-		if at[i] = ensure(r.key); d.err != nil {
+	ms := hs.ms
+	var added int64
+	for _, hd := range sh.holdings {
+		lane := lanes[hd.tier]
+		key := []uint64{hd.key}
+		id := ms.resolve(key, hs.scratch[:0])[0]
+		old, _ := ms.update(hs, id, hd.key, lane, opStore)
+		if old&laneBit(lane) != 0 {
+			d.fail("holder %v: key %#x twice in tier %q", sh.h, hd.key, sh.tiers[hd.tier])
 			return
 		}
-		lane := ly.laneFor(r.tier)
-		if lane < 0 {
-			d.fail("shared blocks in more than %d tiers, or in tier %q", layerLanes, r.tier)
-			return
+		if len(hd.groups) > 0 {
+			hs.setGroups(groupKey(id, lane), hd.groups)
 		}
-		ly.addHolder(at[i], lane, ly.idOf(r.hs))
-		if len(r.groups) > 0 {
-			if r.hs.laneGroups == nil {
-				r.hs.laneGroups = make(map[uint64][]int)
-			}
-			r.hs.laneGroups[layerGroupKey(uint32(at[i]), lane)] = r.groups
-		}
-		r.hs.laneLive[lane]++
+		hs.queue.push(id, lane)
+		hs.held[lane].Add(1)
+		added++
 	}
-	for _, hs := range *ms.list.Load() {
-		if hs.lid.Load() == 0 {
-			continue
-		}
-		f := fifoWriter{tier: hs.fifoTier, slot: hs.fifoSlot}
-		for r, t := range hs.fifoTier {
-			if t != fifoRunLen {
-				f.put(t, hs.fifoSlot[r])
-				continue
-			}
-			rec := hs.fifoSlot[r]
-			e := at[rec]
-			ly.at(uint32(e)).refs++
-			f.putLayer(uint32(e), ly.laneOf(recs[rec].tier))
-		}
-		hs.fifoTier, hs.fifoSlot = f.tier[:f.w], f.slot[:f.w]
-	}
-}
-
-// buildTier fills ts's table with slots, checks that anchors and depths are
-// consistent, and rebuilds children counts and gaps. It returns each saved
-// slot's index in the table and how many are held.
-func buildTier(d *decoder, ts *tierState, slots []savedSlot) ([]uint32, int64) {
-	t := newTable(tableSizeFor(len(slots)))
-	at := make([]uint32, len(slots))
-	children := make([]int, len(slots))
-	var live int64
-	for i, s := range slots {
-		want := 0
-		if s.parent >= 0 {
-			want = min(slots[s.parent].depth+1, metaDepthMax)
-		}
-		if s.depth != want {
-			d.fail("tier %q: depth %d, anchor says %d", ts.name, s.depth, want)
-			return nil, 0
-		}
-		if j, found := t.probe(s.key); found {
-			d.fail("tier %q: key %#x twice", ts.name, s.key)
-			return nil, 0
-		} else {
-			t.slots[j].key = s.key
-			t.slots[j].meta = metaExists
-			t.used++
-			at[i] = uint32(j)
-		}
-		if s.groups != 0 {
-			live++
-			if s.parent >= 0 {
-				children[s.parent]++
-			}
-		}
-		if len(s.ext) > 0 {
-			if ts.ext == nil {
-				ts.ext = make(map[uint64][]int)
-			}
-			ts.ext[s.key] = s.ext
-		}
-	}
-	for i, s := range slots {
-		m := metaExists | s.groups | uint64(s.depth)<<metaDepthShift
-		if s.parent >= 0 {
-			m |= uint64(at[s.parent]+1) << metaParentShift
-		}
-		c := children[i]
-		if c > metaChildMask {
-			if ts.childOver == nil {
-				ts.childOver = make(map[uint64]int)
-			}
-			ts.childOver[s.key] = c - metaChildMask
-			c = metaChildMask
-		}
-		m |= uint64(c) << metaChildShift
-		t.slots[at[i]].meta = m
-		if s.groups == 0 && children[i] > 0 {
-			if ts.gaps == nil {
-				ts.gaps = make(map[uint64]uint64)
-			}
-			ts.gaps[s.key] = uint64(s.depth)
-		}
-	}
-	ts.publishGaps(t)
-	ts.live = live
-	ts.tab.Store(t)
-	return at, live
+	hs.live.Add(added)
+	ix.total.Add(added)
 }
 
 // decoder reads the body; after the first error every read returns zero.
 type decoder struct {
-	b   []byte
-	err error
+	b       []byte
+	version uint32
+	err     error
 }
 
 func (d *decoder) fail(format string, args ...any) {

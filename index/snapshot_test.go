@@ -157,17 +157,17 @@ func TestSnapshotStructuralErrorsAreBadSnapshots(t *testing.T) {
 	good, err := os.ReadFile(path)
 	require.NoError(t, err)
 	// Layout of this file's body: 0 caps, 0 seqs, 1 model "m", 1 holder
-	// "a:8000" rank 0, 1 tier "GPU", 3 slots of 8+1+1+1 bytes (key, groups,
-	// depth, anchor), then the eviction order.
-	slots := snapHeaderSize + 1 + 1 + 1 + 2 + 1 + (1 + 6 + 1) + 1 + 4 + 1
+	// "a:8000" rank 0, 1 tier "GPU", then 3 holdings of 1+8+1 bytes (tier,
+	// key, no groups).
+	h := snapHeaderSize + 1 + 1 + 1 + 2 + 1 + (1 + 6 + 1) + 1 + 4 + 1
 	cases := []struct {
 		name string
 		edit func(b []byte)
 	}{
-		{"depth disagrees with anchor", func(b []byte) { b[slots+11+9] = 5 }},
-		{"key twice", func(b []byte) { copy(b[slots+11:slots+19], b[slots:slots+8]) }},
-		{"anchor out of range", func(b []byte) { b[slots+11+10] = 9 }},
-		{"eviction order names a missing block", func(b []byte) { b[slots+33+2] = 7 }},
+		{"key twice", func(b []byte) { copy(b[h+11:h+19], b[h+1:h+9]) }},
+		{"tier out of range", func(b []byte) { b[h+10] = 1 }},
+		{"holdings past the file", func(b []byte) { b[h-1] = 90 }},
+		{"a group list of group 0 alone", func(b []byte) { b[h+9], b[h+10] = 1, 0 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -196,9 +196,16 @@ func reseal(b []byte) {
 // index that answers and saves without panicking.
 func FuzzLoadSnapshot(f *testing.F) {
 	w := newWorkload(nil, propConfig{models: 2, holders: 3, maxLen: 20, tiers: []string{"GPU", "CPU"}, groups: []int{0, 1, 8}}, 1)
-	// Seeds with holdings in tables, and with shared ones (threshold 1).
-	for _, share := range []int{0, 1} {
-		ix := New(Config{MaxHolderBlocks: -1, ShareThreshold: share})
+	// Seeds of this format and of formats 1 and 2.
+	for _, old := range []string{"testdata/snapshot-v1.snap", "testdata/snapshot-v2.snap"} {
+		b, err := os.ReadFile(old)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b[snapHeaderSize : len(b)-snapTrailerSize])
+	}
+	for range 2 {
+		ix := New(Config{MaxHolderBlocks: -1})
 		for range 40 {
 			w.mutate(ix)
 		}
@@ -219,7 +226,7 @@ func FuzzLoadSnapshot(f *testing.F) {
 		data = binary.LittleEndian.AppendUint64(data, uint64(len(body)))
 		data = binary.LittleEndian.AppendUint32(data, crc32.Checksum(data, crcTable))
 		data = append(data, snapEnd...)
-		got, _, err := load(data, Config{ShareThreshold: 1})
+		got, _, err := load(data, Config{})
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadSnapshot)
 			return
@@ -287,42 +294,59 @@ func snapshotV1Recipe(ix *Index) map[string][][]uint64 {
 	return chains
 }
 
-// TestSnapshotOfFormat1Loads loads a file of the format before shared
-// blocks, written by that index, and checks it answers as the stores it
-// was made from do; with a share threshold of 2 too, which a new store of
-// a block now held by two holders then applies.
-func TestSnapshotOfFormat1Loads(t *testing.T) {
-	want := New(Config{MaxHolderBlocks: -1, ShareThreshold: -1})
-	chains := snapshotV1Recipe(want)
-	for _, share := range []int{0, 2} {
-		got, seqs, err := LoadFile("testdata/snapshot-v1.snap", Config{MaxHolderBlocks: -1, ShareThreshold: share})
-		require.NoError(t, err)
-		require.Equal(t, map[Holder]uint64{{Pod: "10.11.0.0:8000"}: 77}, seqs)
-		checkInvariants(t, got, 0)
-		require.Equal(t, want.HolderList(), got.HolderList())
-		require.Equal(t, want.Stats().HolderBlocks, got.Stats().HolderBlocks)
-		for _, hm := range want.HolderList() {
-			require.Equal(t, want.HolderBlocks(hm.Model, hm.Holder), got.HolderBlocks(hm.Model, hm.Holder))
-		}
-		var w, g Result
-		for model, cs := range chains {
-			for _, c := range cs {
-				for n := 1; n <= len(c); n++ {
-					want.Lookup(model, c[:n], &w)
-					got.Lookup(model, c[:n], &g)
-					require.Equal(t, hitsByHolder(&w), hitsByHolder(&g), "%s, %d blocks", model, n)
+// TestSnapshotsOfFormats1And2Load loads files of the formats before the
+// block-major store, written by the index of their time (format 2 with
+// blocks its layer kept once), and checks each answers as the stores it
+// was made from do, keeps the eviction order, and takes new stores.
+func TestSnapshotsOfFormats1And2Load(t *testing.T) {
+	for _, file := range []string{"testdata/snapshot-v1.snap", "testdata/snapshot-v2.snap"} {
+		t.Run(file, func(t *testing.T) {
+			want := New(Config{MaxHolderBlocks: -1})
+			chains := snapshotV1Recipe(want)
+			got, seqs, err := LoadFile(file, Config{MaxHolderBlocks: -1})
+			require.NoError(t, err)
+			require.Equal(t, map[Holder]uint64{{Pod: "10.11.0.0:8000"}: 77}, seqs)
+			checkInvariants(t, got, 0)
+			require.Equal(t, want.HolderList(), got.HolderList())
+			require.Equal(t, want.Stats().HolderBlocks, got.Stats().HolderBlocks)
+			require.Equal(t, want.Stats().SharedBlocks, got.Stats().SharedBlocks)
+			for _, hm := range want.HolderList() {
+				require.Equal(t, want.HolderBlocks(hm.Model, hm.Holder), got.HolderBlocks(hm.Model, hm.Holder))
+			}
+			var w, g Result
+			for model, cs := range chains {
+				for _, c := range cs {
+					for n := 1; n <= len(c); n++ {
+						want.Lookup(model, c[:n], &w)
+						got.Lookup(model, c[:n], &g)
+						require.Equal(t, hitsByHolder(&w), hitsByHolder(&g), "%s, %d blocks", model, n)
+					}
 				}
 			}
-		}
-		p := chains["m"][0]
-		h := Holder{Pod: "10.11.0.9:8000"}
-		got.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: p[:8]})
-		checkInvariants(t, got, 1)
-		if share == 2 {
-			require.Positive(t, got.Stats().SharedBlocks)
-		}
-		got.Lookup("m", p[:8], &g)
-		require.Len(t, g.Hits, 6)
+			p := chains["m"][0]
+			h := Holder{Pod: "10.11.0.9:8000"}
+			for _, ix := range []*Index{want, got} {
+				ix.Store(Blocks{Model: "m", Holder: h, Tier: TierGPU, Keys: p[:8]})
+			}
+			checkInvariants(t, got, 1)
+			got.Lookup("m", p[:8], &g)
+			require.Len(t, g.Hits, 6)
+			// The same holdings in the same order: capacity takes the same
+			// blocks from both.
+			for _, hm := range want.HolderList() {
+				for _, ix := range []*Index{want, got} {
+					ix.SetHolderCapacity(hm.Holder, 5)
+					ix.Store(Blocks{Model: hm.Model, Holder: hm.Holder, Tier: TierCPU, Keys: []uint64{chainKey(uint64(len(hm.Holder.Pod)), 3)}})
+				}
+			}
+			for model, cs := range chains {
+				for _, c := range cs {
+					want.Lookup(model, c, &w)
+					got.Lookup(model, c, &g)
+					require.Equal(t, hitsByHolder(&w), hitsByHolder(&g), "%s after evictions", model)
+				}
+			}
+		})
 	}
 }
 
@@ -358,17 +382,16 @@ func TestSavingASnapshotKeepsTheEvictionOrder(t *testing.T) {
 	// holding next.
 	a, b := Holder{Pod: "10.11.0.1:8000"}, Holder{Pod: "10.11.0.2:8000"}
 	cases := []struct {
-		name  string
-		share int
+		name   string
+		shared bool
 	}{
-		{"in tables", -1},
-		// b's stores move a's holdings to the layer, a's queue keeping
-		// their places.
-		{"in the layer", 2},
+		{"a's own blocks", false},
+		// b holds them too: a's queue keeps their places all the same.
+		{"blocks b holds too", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{ShareThreshold: tc.share, MaxHolderBlocks: -1}
+			cfg := Config{MaxHolderBlocks: -1}
 			keys := make([]uint64, 8)
 			for i := range keys {
 				keys[i] = chainKey(uint64(500+i), 1)
@@ -377,13 +400,15 @@ func TestSavingASnapshotKeepsTheEvictionOrder(t *testing.T) {
 				ix := New(cfg)
 				for _, k := range keys {
 					ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: []uint64{k}})
-					ix.Store(Blocks{Model: "m", Holder: b, Tier: TierGPU, Keys: []uint64{k}})
+					if tc.shared {
+						ix.Store(Blocks{Model: "m", Holder: b, Tier: TierGPU, Keys: []uint64{k}})
+					}
 				}
 				for _, k := range keys[:3] {
 					ix.Remove("m", a, TierGPU, 0, []uint64{k})
 					ix.Store(Blocks{Model: "m", Holder: a, Tier: TierGPU, Keys: []uint64{k}})
 				}
-				if tc.share > 0 {
+				if tc.shared {
 					require.Equal(t, int64(len(keys)), ix.Stats().SharedBlocks)
 				}
 				return ix

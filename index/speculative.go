@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v4"
 
@@ -113,9 +112,8 @@ const (
 	specEntryOverhead = 64
 	// SpeculativeBlockBytes is what a guessed block costs beyond the 8
 	// bytes of its key in its entry: its reference count (a map entry)
-	// and its slot in the index's table, at the occupancy a rebuild
-	// leaves.
-	SpeculativeBlockBytes = 32 + int64(unsafe.Sizeof(slot{}))*loadDen/churnNum
+	// and its holding in the index, as a holding of a block of its own.
+	SpeculativeBlockBytes = 32 + HolderBlockBytes
 )
 
 // specCost is the cost of an entry of n keys of which fresh were held by

@@ -132,7 +132,7 @@ type Config struct {
 }
 
 // Fleet shares in-flight pulls among the pickers of several router
-// replicas; natsstream.Fleet implements it over NATS JetStream. Pick calls
+// replicas; natsfleet.Pulls implements it over NATS JetStream. Pick calls
 // it on its hot path: every method must return at once (publish in the
 // background) and be safe for concurrent use.
 type Fleet interface {

@@ -100,10 +100,10 @@ type MemoryConfig struct {
 	// IndexMemory bounds the index in bytes; zero leaves the index's
 	// holding budget (index.DefaultMaxHolderBlocks) and no memory limit.
 	IndexMemory int64
-	// IndexShareThreshold is index.Config.ShareThreshold: how many
-	// holders of a block make the index keep it once for all of them;
-	// zero: index.DefaultShareThreshold.
-	IndexShareThreshold int
+	// shareThresholdSet records --index-share-threshold, which no longer
+	// does anything: the index keeps every block once (issue 30). It is
+	// still accepted, with a warning, so that command lines keep working.
+	shareThresholdSet bool
 	// EventsMaxMessage bounds one event message in bytes
 	// (events.Config.MaxMessageSize): libzmq drops the connection of a
 	// peer sending more.
@@ -136,7 +136,10 @@ func (c *MemoryConfig) flags(fs *flag.FlagSet) {
 	c.EventsQueueMemory = DefaultEventsQueueMemory
 	c.KeptPullsMemory = DefaultKeptPullsMemory
 	fs.Var((*sizeFlag)(&c.IndexMemory), "index-memory", "bound of the index in bytes (e.g. 512MiB, 2GiB), oldest holdings evicted past it; also sets the Go memory limit to 1.25x it plus 128MiB unless GOMEMLIMIT is set (0: a budget of 64Mi holdings, no limit)")
-	fs.IntVar(&c.IndexShareThreshold, "index-share-threshold", 0, fmt.Sprintf("holders of one block that make the index keep it once for all of them, a few bytes a holder instead of about 30 (0: %d; negative: never)", index.DefaultShareThreshold))
+	fs.Func("index-share-threshold", "deprecated, no effect: the index keeps every block once, its holders as a set", func(string) error {
+		c.shareThresholdSet = true
+		return nil
+	})
 	fs.Var((*sizeFlag)(&c.EventsMaxMessage), "events-max-message", "largest event message accepted; a peer sending a larger one is disconnected")
 	fs.Var((*sizeFlag)(&c.EventsQueueMemory), "events-queue-memory", "bytes of event messages queued per worker; past it messages are dropped and their pods resynced by replay")
 	fs.Var((*sizeFlag)(&c.KeptPullsMemory), "kept-pulls-memory", "bytes of pull decisions kept for POST /v1/done (about 300 bytes and the request id each); past it a pull is answered but released only by --inflight-ttl")
@@ -160,7 +163,10 @@ func (c *MemoryConfig) check() error {
 
 // indexConfig is the configuration of the service's index.
 func indexConfig(cfg Config, log *slog.Logger) index.Config {
-	return index.Config{Logger: log, MemoryBytes: cfg.IndexMemory, ShareThreshold: cfg.IndexShareThreshold}
+	if cfg.shareThresholdSet {
+		log.Warn("--index-share-threshold is deprecated and has no effect: the index keeps every block once")
+	}
+	return index.Config{Logger: log, MemoryBytes: cfg.IndexMemory}
 }
 
 // memoryLimit is the Go memory limit for an index budget of

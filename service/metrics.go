@@ -68,7 +68,7 @@ var statDescs = append(eventDescs(), []statDesc{
 	gauge("kvsource_index_models", "Models with at least one holder.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Models) }),
 	gauge("kvsource_index_holders", "(model, holder) pairs in the index.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Holders) }),
 	gauge("kvsource_index_holdings", "(block, tier) holdings in the index.", func(_ events.Stats, i index.Stats) float64 { return float64(i.HolderBlocks) }),
-	gauge("kvsource_index_shared_blocks", "Blocks the index keeps once for all their holders (--index-share-threshold).", func(_ events.Stats, i index.Stats) float64 { return float64(i.SharedBlocks) }),
+	gauge("kvsource_index_shared_blocks", "Blocks two or more holders hold (the index keeps each block once, its holders as a set).", func(_ events.Stats, i index.Stats) float64 { return float64(i.SharedBlocks) }),
 	counter("kvsource_index_stored_blocks_total", "Blocks stored.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Stored) }),
 	counter("kvsource_index_removed_blocks_total", "Holdings removed.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Removed) }),
 	counter("kvsource_index_cleared_blocks_total", "Holdings cleared with their holder.", func(_ events.Stats, i index.Stats) float64 { return float64(i.Cleared) }),

@@ -27,6 +27,7 @@ import (
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/ratelog"
 	"github.com/kvsource/kvsource/picker"
+	"github.com/kvsource/kvsource/picker/natsfleet"
 )
 
 // kvsource serve --nats URL --role relay|replica scales out over NATS
@@ -164,10 +165,10 @@ type natsRole struct {
 	nc      *nats.Conn
 	relay   *natsstream.Relay
 	replica *natsstream.Replica
-	fleet   *natsstream.Fleet
+	pulls   *natsfleet.Pulls
 	// sources carries the relay's holder states to the replicas, whose
 	// pickers pull only from holders the relay has live.
-	sources *natsstream.Sources
+	sources *natsfleet.Sources
 	wg      sync.WaitGroup
 	// lastErr is the newest failed connection attempt's error.
 	lastErr atomic.Pointer[error]
@@ -228,14 +229,14 @@ func newServeNATS(ctx context.Context, cfg Config, contentKeys *hashing.Hasher, 
 		n.replica, err = natsstream.Open(ctx, natsstream.ReplicaConfig{Config: shared, JetStream: js, Name: c.Name, Models: models,
 			SnapshotInterval: c.SnapshotInterval, MaxLag: c.MaxLag, ContentKeys: contentKeys, Logger: log})
 		if err == nil {
-			n.fleet, err = natsstream.NewFleet(ctx, natsstream.FleetConfig{Config: shared, JetStream: js, Name: c.Name,
+			n.pulls, err = natsfleet.NewPulls(ctx, natsfleet.PullsConfig{Config: shared, JetStream: js, Name: c.Name,
 				TTL: cfg.InflightTTL, Logger: log})
 		}
 	}
 	if err == nil {
 		// The table outlasts a relay failover (see DefaultSourcesTTL).
-		n.sources, err = natsstream.NewSources(ctx, natsstream.SourcesConfig{Config: shared, JetStream: js, Logger: log,
-			TTL: natsstream.DefaultSourcesTTL})
+		n.sources, err = natsfleet.NewSources(ctx, natsfleet.SourcesConfig{Config: shared, JetStream: js, Logger: log,
+			TTL: natsfleet.DefaultSourcesTTL})
 	}
 	if err != nil {
 		if !n.nc.IsConnected() {
@@ -427,10 +428,10 @@ func (n *natsRole) tap() func(events.TapBatch) {
 
 // pickerFleet is the picker's Config.Fleet: a replica's, else none.
 func (n *natsRole) pickerFleet() picker.Fleet {
-	if n == nil || n.fleet == nil {
+	if n == nil || n.pulls == nil {
 		return nil
 	}
-	return n.fleet
+	return n.pulls
 }
 
 // start runs the relay and its holder states (from status), or the
@@ -445,7 +446,7 @@ func (n *natsRole) start(ctx context.Context, status func() []events.HolderStatu
 	}
 	if n.replica != nil {
 		n.wg.Go(func() { _ = n.replica.Run(ctx) })
-		n.wg.Go(func() { _ = n.fleet.Run(ctx) })
+		n.wg.Go(func() { _ = n.pulls.Run(ctx) })
 		n.wg.Go(func() { _ = n.sources.Watch(ctx) })
 	}
 }
@@ -501,7 +502,7 @@ func (s *Service) handleReplicaPods(w http.ResponseWriter, _ *http.Request) {
 		hs := applied[hm.Holder]
 		pods = append(pods, Pod{Pod: hm.Holder.Pod, Model: hm.Model, DPRank: hm.Holder.Rank,
 			Blocks: s.holderBlocks(hm.Model, hm.Holder), LastSeq: hs.LastSeq, State: state,
-			InflightPulls: s.pk.Inflight(hm.Holder) + s.nats.fleet.Inflight(hm.Holder), Counters: holderCounters(&hs)})
+			InflightPulls: s.pk.Inflight(hm.Holder) + s.nats.pulls.Inflight(hm.Holder), Counters: holderCounters(&hs)})
 	}
 	slices.SortStableFunc(pods, func(a, b Pod) int {
 		return index.Holder{Pod: a.Pod, Rank: a.DPRank}.Compare(index.Holder{Pod: b.Pod, Rank: b.DPRank})
@@ -558,7 +559,7 @@ func (n *natsRole) registerMetrics(reg *prometheus.Registry) {
 		)
 	}
 	if r := n.replica; r != nil {
-		f := n.fleet
+		f := n.pulls
 		reg.MustRegister(
 			gauge("kvsource_replica_ready", "1 once the replica applied what the stream held when it started.", func() float64 { return b(r.Status().Ready) }),
 			gauge("kvsource_replica_applied_stream_seq", "Stream sequence of the last message applied.", func() float64 { return float64(r.Status().AppliedSeq) }),

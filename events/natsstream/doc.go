@@ -98,28 +98,13 @@
 // message. A fleet snapshots either per model shard or unsharded, not both:
 // the unsharded holder's purges would remove sharded replicas' history.
 //
-// # Fleet-wide spreading
+// # The fleet's other buckets
 //
-// Fleet implements picker.Fleet: each pull a replica's picker directs is
-// a key in <Stream>_PULLS (TTL the picker's in-flight TTL) until it is
-// done, and every replica watches the bucket, so each one's in-flight
-// counts include the others' pulls, a few milliseconds late. A replica
-// counts at most FleetConfig.MaxRemote of the others' pulls, only those
-// whose value names a holder (a pod name events.ValidPodName takes), and
-// keeps nothing of one, its holder included, once it ends or its TTL
-// passes (FleetStats.Malformed and OverCap count the others).
-//
-// # Live sources
-//
-// Only the relay's subscriber sees the engines' connections, so only it
-// knows which holders may serve a pull (events.Processor.Source). The
-// leading relay writes every holder's state to <Stream>_SOURCES each
-// SourcesConfig.Interval (Sources.Publish); replicas watch it and give
-// Sources.Source to their pickers. A holder the table does not list, or
-// every holder once no relay has written for SourcesConfig.TTL, is no
-// source: a replica never pulls from a holder no relay vouches for. Each
-// table names the relay lease's owner, and a replica takes only the
-// table of the lease's current holder (key "relay" of <Stream>_RELAY).
+// Package picker/natsfleet, next to the picker it serves, shares each
+// replica's in-flight pulls in <Stream>_PULLS and the leading relay's
+// holder states in <Stream>_SOURCES, named after this package's Config;
+// a table names the relay lease's owner (Relay.Owner, RelayLeaseKey), and
+// Permissions lists both buckets for the roles.
 //
 // # Security
 //
@@ -157,7 +142,7 @@
 //   - With a replica's rights: read everything on the stream (pod names,
 //     block hashes) and add or remove in-flight pulls, making holders
 //     look busier or idler to the other replicas' spreading for up to the
-//     pulls' TTL (within FleetConfig.MaxRemote pulls, whose memory goes
+//     pulls' TTL (within natsfleet.PullsConfig.MaxRemote pulls, whose memory goes
 //     with the TTL); not publish a batch, write a table or the lease,
 //     create or change the stream or the relays' buckets, or change the
 //     snapshot store (a max_age on it would delete every snapshot, and

@@ -122,6 +122,10 @@ func defaultName(name string) string {
 	return host + "-" + strconv.Itoa(os.Getpid())
 }
 
+// OwnerName is a fleet member's name that no other process shares: name,
+// or when it is empty the host name and process id, with a random suffix.
+func OwnerName(name string) string { return uniqueOwner(defaultName(name)) }
+
 // uniqueOwner makes a lease owner of name that no other process shares,
 // so that a restarted process with the same name does not take its
 // predecessor's lease for its own.

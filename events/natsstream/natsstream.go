@@ -68,7 +68,7 @@ type Config struct {
 	// DefaultDuplicateWindow. Two relays publishing the same batch within
 	// it store it once (see the package doc).
 	DuplicateWindow time.Duration
-	// Bind makes a replica (Open, and NewSources on it) use the event
+	// Bind makes a replica (Open, and natsfleet.NewSources on it) use the event
 	// stream and the relays' buckets (<Stream>_RELAY, <Stream>_SOURCES)
 	// as the relays created them, never creating or updating them: for
 	// replicas whose NATS user has only the permissions
@@ -77,7 +77,8 @@ type Config struct {
 	Bind bool
 }
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with its defaults filled in.
+func (c Config) WithDefaults() Config {
 	if c.Stream == "" {
 		c.Stream = DefaultStream
 	}
@@ -102,14 +103,14 @@ func (c Config) storage() jetstream.StorageType {
 
 // Subject returns the subject a batch of model from pod is stored under.
 func (c Config) Subject(model, pod string) string {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	return c.SubjectPrefix + "." + EscapeToken(model) + "." + EscapeToken(pod)
 }
 
 // ModelFilter returns the subject filter of every pod's batches of model,
 // what a replica sharded by model consumes.
 func (c Config) ModelFilter(model string) string {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	return c.SubjectPrefix + "." + EscapeToken(model) + ".*"
 }
 
@@ -141,7 +142,12 @@ func (c Config) ensureStream(ctx context.Context, js jetstream.JetStream) (jetst
 	return s, nil
 }
 
-func (c Config) ensureKV(ctx context.Context, js jetstream.JetStream, suffix string, ttl time.Duration) (jetstream.KeyValue, error) {
+// KeyValue creates the fleet's key-value bucket <Stream><suffix> (suffix
+// "_PULLS", say) or updates it to this Config and ttl, its keys' expiries
+// seen by watchers as deletions; with Bind, the relays' buckets (_RELAY,
+// _SOURCES) are used as the relays created them.
+func (c Config) KeyValue(ctx context.Context, js jetstream.JetStream, suffix string, ttl time.Duration) (jetstream.KeyValue, error) {
+	c = c.WithDefaults()
 	if c.Bind && (suffix == "_RELAY" || suffix == "_SOURCES") {
 		kv, err := js.KeyValue(ctx, c.Stream+suffix)
 		if err != nil {

@@ -32,7 +32,7 @@ type Permissions struct {
 // The JetStream API is assumed at its default prefix ($JS.API, no
 // domain); replies come on _INBOX.
 func (c Config) Permissions(role Role) Permissions {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	api := "$JS.API."
 	events, relayKV, sourcesKV := c.Stream, "KV_"+c.Stream+"_RELAY", "KV_"+c.Stream+"_SOURCES"
 	pullsKV, leaseKV, snaps := "KV_"+c.Stream+"_PULLS", "KV_"+c.Stream+"_SNAPLEASE", "OBJ_"+c.Stream+"_SNAPSHOTS"

@@ -132,7 +132,8 @@ type Relay struct {
 	split, parts                                  atomic.Uint64
 	tooLong, tooBig, failed, expired              atomic.Uint64
 
-	warnRetry, warnTooLong, warnTooBig, warnFailed, warnExpired ratelog.Gate
+	// warns limits the warnings of each kind of drop or retry.
+	warns ratelog.Limiter
 }
 
 // relaySubject is one subject's retained batches, oldest first, and how
@@ -166,7 +167,7 @@ func NewRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 	if cfg.JetStream == nil {
 		return nil, fmt.Errorf("%w: RelayConfig.JetStream is required", ErrConfig)
 	}
-	cfg.Config = cfg.Config.withDefaults()
+	cfg.Config = cfg.Config.WithDefaults()
 	cfg.Bind = false // the relay is what creates them
 	cfg.Name = defaultName(cfg.Name)
 	if cfg.LeaseTTL <= 0 {
@@ -201,21 +202,26 @@ func NewRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_RELAY", cfg.LeaseTTL)
+	kv, err := cfg.KeyValue(ctx, cfg.JetStream, "_RELAY", cfg.LeaseTTL)
 	if err != nil {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, js: cfg.JetStream, stream: s, log: log, subjects: map[string]*relaySubject{},
+		warns: ratelog.Limiter{Interval: 10 * time.Second},
 		wake:  make(chan struct{}, 1),
-		lease: &lease{kv: kv, key: relayLeaseKey, owner: uniqueOwner(cfg.Name), ttl: cfg.LeaseTTL, log: log}}
+		lease: &lease{kv: kv, key: RelayLeaseKey, owner: uniqueOwner(cfg.Name), ttl: cfg.LeaseTTL, log: log}}
 	bg := context.Background()
 	r.ctx.Store(&bg)
 	return r, nil
 }
 
-// relayLeaseKey is the relay lease's key in <Stream>_RELAY; its value is
-// the holder's owner name, which the sources table repeats.
-const relayLeaseKey = "relay"
+// RelayLeaseKey is the relay lease's key in <Stream>_RELAY; its value is
+// the holder's owner name (Relay.Owner), which the sources table repeats.
+const RelayLeaseKey = "relay"
+
+// Owner is the name the relay holds the relay lease under, unique to this
+// process.
+func (r *Relay) Owner() string { return r.lease.owner }
 
 // Run holds or waits for the relay lease until ctx is done, and publishes
 // what Tap kept while it holds it, first what a previous holder left out
@@ -433,7 +439,7 @@ func (r *Relay) trim(s *relaySubject, now time.Time) {
 		lost := s.kept[i-1].n + 1 - max(s.next, s.kept[0].n)
 		r.expired.Add(lost)
 		k := s.kept[i-1].b
-		r.warn(&r.warnExpired, "natsstream: relay dropped batches it could not publish in time; replicas see a gap",
+		r.warn("expired", "natsstream: relay dropped batches it could not publish in time; replicas see a gap",
 			"subject", s.subject, "pod", k.Pod, "rank", k.Rank, "seq", k.Seq, "batches", lost, "retain", r.cfg.Retain, "retain_n", r.cfg.RetainN)
 	}
 	s.kept = append(s.kept[:0], s.kept[i:]...)
@@ -602,12 +608,12 @@ func (r *Relay) publish(ctx context.Context, s *relaySubject, k kept) bool {
 	subject := s.subject
 	msgs, err := r.messages(subject, k)
 	if err != nil {
-		gate, counter := &r.warnTooBig, &r.tooBig
+		kind, counter := "too_big", &r.tooBig
 		if errors.Is(err, errTooLong) {
-			gate, counter = &r.warnTooLong, &r.tooLong
+			kind, counter = "too_long", &r.tooLong
 		}
 		counter.Add(1)
-		r.warn(gate, "natsstream: relay dropped a batch it cannot publish; replicas see a gap",
+		r.warn(kind, "natsstream: relay dropped a batch it cannot publish; replicas see a gap",
 			"subject", truncate(subject, 256), "pod", truncate(k.b.Pod, 256), "rank", k.b.Rank, "seq", k.b.Seq, "bytes", len(k.b.Payload), "err", err)
 		return true
 	}
@@ -642,12 +648,12 @@ func (r *Relay) publish(ctx context.Context, s *relaySubject, k kept) bool {
 			}
 			if attempt++; attempt >= r.cfg.PublishAttempts {
 				r.failed.Add(1)
-				r.warn(&r.warnFailed, "natsstream: relay dropped a batch after failed attempts; replicas see a gap",
+				r.warn("failed", "natsstream: relay dropped a batch after failed attempts; replicas see a gap",
 					"subject", subject, "pod", k.b.Pod, "rank", k.b.Rank, "seq", k.b.Seq, "attempts", attempt, "err", err)
 				return true
 			}
 			r.retries.Add(1)
-			r.warn(&r.warnRetry, "natsstream: publish failed, retrying",
+			r.warn("retry", "natsstream: publish failed, retrying",
 				"subject", subject, "pod", k.b.Pod, "rank", k.b.Rank, "seq", k.b.Seq, "err", err)
 			if !sleep(ctx, wait) {
 				return false
@@ -674,10 +680,10 @@ func (r *Relay) retained(s *relaySubject, n uint64) bool {
 	return len(s.kept) > 0 && s.kept[0].n <= n
 }
 
-// warn logs msg through gate, at most once every ten seconds, with how
-// many lines of its kind were left out since the last.
-func (r *Relay) warn(gate *ratelog.Gate, msg string, args ...any) {
-	if skipped, ok := gate.Allow(10 * time.Second); ok {
+// warn logs msg, a warning of kind, at most once every ten seconds per
+// kind, with how many lines of the kind were left out since the last.
+func (r *Relay) warn(kind, msg string, args ...any) {
+	if skipped, _, ok := r.warns.Allow(kind, ""); ok {
 		r.log.Warn(msg, append(args, "left_out", skipped)...)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/kvsource/kvsource/hashing"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/notify"
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
 // Defaults of ReplicaConfig.
@@ -178,6 +179,13 @@ type Replica struct {
 	notify     notify.Notifier // broadcast after each applied message
 }
 
+// logBudgetInterval is how often one kind of warning may be logged. A
+// replica is fed whatever anyone with publish rights put on the stream,
+// under whatever pod names: a limit per name (the events processor's)
+// still writes a line per name, so a budget per kind of line bounds them
+// all.
+const logBudgetInterval = 10 * time.Second
+
 // Open creates the stream and buckets as needed and builds the replica's
 // index from its shard's newest snapshot, unless there is none or
 // NoWarmStart is set. It reads from the network and honours ctx.
@@ -185,7 +193,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	if cfg.JetStream == nil {
 		return nil, fmt.Errorf("%w: ReplicaConfig.JetStream is required", ErrConfig)
 	}
-	cfg.Config = cfg.Config.withDefaults()
+	cfg.Config = cfg.Config.WithDefaults()
 	if cfg.Name == "" {
 		// Replicas' names key their durable state: two in one process
 		// must differ.
@@ -210,7 +218,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 	// Everything the replica and its processor log about the stream's
 	// content is on a budget per kind of line: the stream carries what
 	// anyone with publish rights put there, under any pod names.
-	log = withLogBudget(log.With("replica", cfg.Name), logBudgetInterval)
+	log = ratelog.Budgeted(log.With("replica", cfg.Name), logBudgetInterval)
 	s, err := cfg.ensureStream(ctx, cfg.JetStream)
 	if err != nil {
 		return nil, err
@@ -223,7 +231,7 @@ func Open(ctx context.Context, cfg ReplicaConfig) (*Replica, error) {
 		ready: make(chan struct{}), joining: map[partKey]*joining{}}
 	r.snapTaken.Store(-1)
 	if cfg.SnapshotInterval > 0 {
-		kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SNAPLEASE", cfg.SnapshotLeaseTTL)
+		kv, err := cfg.KeyValue(ctx, cfg.JetStream, "_SNAPLEASE", cfg.SnapshotLeaseTTL)
 		if err != nil {
 			return nil, err
 		}
@@ -700,7 +708,7 @@ func (r *Replica) dropJoin(key partKey, j *joining) {
 // batches from the stream: last sequence numbers, gaps, replays and the
 // other per-holder counters of events.HolderStatus. Its State is the
 // replica's own view; which holders may serve pulls is the relay's (see
-// Sources).
+// natsfleet.Sources).
 func (r *Replica) Holders() []events.HolderStatus { return r.proc.Status() }
 
 // Status returns the replica's progress.

@@ -1,8 +1,10 @@
-// Package ratelog lets one kind of log line through at most once an
-// interval and counts the others, so that a peer or client repeating bad
-// input cannot flood the log with it. A Gate's zero value is ready, and it
-// takes no lock: request handlers and event workers call it on their own
-// paths.
+// Package ratelog lets log lines through at most so often and counts the
+// others, so that a peer or client repeating bad input cannot flood the
+// log with it. A Gate is one kind of line: its zero value is ready, and it
+// takes no lock, so that request handlers and event workers call it on
+// their own paths. A Limiter bounds many kinds and the names their lines
+// carry, which peers choose; Budgeted puts a logger's warnings on a
+// Limiter's budget.
 package ratelog
 
 import (

@@ -59,6 +59,27 @@ func SharedDir(t testing.TB) (string, bool) {
 	return dir, err == nil && st.IsDir()
 }
 
+// MooncakeTraceEnv names a Mooncake conversation trace to use instead of
+// the one in ../shared/traces.
+const MooncakeTraceEnv = "KVSOURCE_MOONCAKE_TRACE"
+
+// MooncakeTrace returns the path of the Mooncake FAST'25 conversation trace:
+// $KVSOURCE_MOONCAKE_TRACE, or ../shared/traces beside the checkout. The
+// trace is not part of the repository (it is 12,031 requests of someone
+// else's data), so without it the test is skipped, saying where it looked.
+func MooncakeTrace(t testing.TB) string {
+	t.Helper()
+	path := os.Getenv(MooncakeTraceEnv)
+	if path == "" {
+		shared, _ := SharedDir(t)
+		path = filepath.Join(shared, "traces", "mooncake_conversation_trace.jsonl")
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("no Mooncake trace (set %s): %v", MooncakeTraceEnv, err)
+	}
+	return path
+}
+
 // PythonPath is Debian's interpreter, the one python3-zmq and
 // python3-msgpack install for.
 const PythonPath = "/usr/bin/python3"

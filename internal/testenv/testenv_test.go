@@ -43,3 +43,10 @@ func TestDataEqualsShared(t *testing.T) {
 	})
 	require.NoError(t, err)
 }
+
+func TestMooncakeTraceTakesTheEnvironmentsPath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte("{}\n"), 0o600))
+	t.Setenv(MooncakeTraceEnv, path)
+	require.Equal(t, path, MooncakeTrace(t))
+}

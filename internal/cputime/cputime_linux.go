@@ -1,4 +1,4 @@
-package index
+package cputime
 
 import (
 	"syscall"
@@ -6,10 +6,9 @@ import (
 	"unsafe"
 )
 
-// threadCPU is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID): the
-// latency benchmark reports per-lookup CPU besides wall time, which on a
-// shared machine mostly measures the time other processes held the CPU.
-func threadCPU() time.Duration {
+// Thread is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID); lock
+// the goroutine to its thread around what it measures.
+func Thread() time.Duration {
 	const clockThreadCPUTimeID = 3
 	var ts syscall.Timespec
 	if _, _, e := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTimeID, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {

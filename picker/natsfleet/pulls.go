@@ -1,8 +1,9 @@
-package natsstream
+package natsfleet
 
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
@@ -15,10 +16,12 @@ import (
 	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/natsstream"
 	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/ratelog"
 )
 
-// Defaults of FleetConfig.
+// Defaults of PullsConfig.
 const (
 	// DefaultPullTTL is picker.DefaultInflightTTL.
 	DefaultPullTTL  = 30 * time.Second
@@ -28,9 +31,9 @@ const (
 	DefaultMaxRemote = 1 << 16
 )
 
-// FleetConfig configures a Fleet. Only JetStream is required.
-type FleetConfig struct {
-	Config
+// PullsConfig configures a Pulls. Only JetStream is required.
+type PullsConfig struct {
+	natsstream.Config
 	// JetStream is the client the fleet publishes and watches with.
 	JetStream jetstream.JetStream
 	// Name identifies this replica's pulls; default the host name and
@@ -41,19 +44,19 @@ type FleetConfig struct {
 	// DefaultPullTTL. Every replica must use the same.
 	TTL time.Duration
 	// QueueLen bounds the starts and ends waiting to be published; past
-	// it they are dropped and counted (FleetStats.Dropped), and the other
+	// it they are dropped and counted (PullsStats.Dropped), and the other
 	// replicas do not see those pulls. Default DefaultQueueLen.
 	QueueLen int
 	// MaxRemote bounds the other replicas' pulls counted at once; past
-	// it a pull is not counted (FleetStats.OverCap) until some expire or
+	// it a pull is not counted (PullsStats.OverCap) until some expire or
 	// end. Default DefaultMaxRemote.
 	MaxRemote int
 	// Logger receives the fleet's logs; default slog.Default().
 	Logger *slog.Logger
 }
 
-// FleetStats are a Fleet's counters.
-type FleetStats struct {
+// PullsStats are a Pulls' counters.
+type PullsStats struct {
 	Started, Ended uint64 // this replica's pulls published
 	Dropped        uint64 // starts and ends not published: queue full or publish failed
 	Remote         int    // other replicas' pulls in flight now
@@ -64,17 +67,17 @@ type FleetStats struct {
 	Malformed, OverCap uint64
 }
 
-// Fleet shares in-flight pulls among router replicas through a JetStream
+// Pulls shares in-flight pulls among router replicas through a JetStream
 // key-value bucket: it implements picker.Fleet. A pull this replica
 // directs is a key <owner>.<token> until it is done (or its TTL passes),
 // published in the background so that Pick never waits on the network;
 // a watcher of the bucket counts the other owners' keys per holder.
-type Fleet struct {
-	cfg   FleetConfig
+type Pulls struct {
+	cfg   PullsConfig
 	kv    jetstream.KeyValue
 	log   *slog.Logger
 	owner string // hex of a unique owner name: a key token
-	ops   chan fleetOp
+	ops   chan pullOp
 	next  atomic.Uint64
 
 	// counts holds a holder only while the other replicas have a pull
@@ -86,7 +89,7 @@ type Fleet struct {
 	started, ended, dropped, malformed, overCap atomic.Uint64
 }
 
-type fleetOp struct {
+type pullOp struct {
 	token uint64
 	h     index.Holder
 	end   bool
@@ -97,17 +100,23 @@ type remotePull struct {
 	created time.Time
 }
 
+// logBudgetInterval is how often one kind of warning may be logged: the
+// pulls bucket holds what anyone with a replica's credentials wrote.
+const logBudgetInterval = 10 * time.Second
+
+// errBadPull: a pull's value names no holder.
+var errBadPull = errors.New("natsfleet: bad pull")
+
 // maxPullValue is the longest value of a pull key that can name a holder:
 // a rank, '|' and a pod name.
 const maxPullValue = 20 + 1 + events.MaxPodNameLen
 
-// NewFleet creates or updates the pulls bucket.
-func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
+// NewPulls creates or updates the pulls bucket, <Stream>_PULLS.
+func NewPulls(ctx context.Context, cfg PullsConfig) (*Pulls, error) {
 	if cfg.JetStream == nil {
-		return nil, fmt.Errorf("%w: FleetConfig.JetStream is required", ErrConfig)
+		return nil, fmt.Errorf("%w: PullsConfig.JetStream is required", ErrConfig)
 	}
-	cfg.Config = cfg.Config.withDefaults()
-	cfg.Name = defaultName(cfg.Name)
+	cfg.Config = cfg.Config.WithDefaults()
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultPullTTL
 	}
@@ -123,26 +132,26 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	// The pulls bucket holds what anyone with a replica's credentials
 	// wrote: what the fleet logs of it is on a budget.
-	log = withLogBudget(log, logBudgetInterval)
-	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_PULLS", cfg.TTL)
+	log = ratelog.Budgeted(log, logBudgetInterval)
+	kv, err := cfg.KeyValue(ctx, cfg.JetStream, "_PULLS", cfg.TTL)
 	if err != nil {
 		return nil, err
 	}
-	return &Fleet{cfg: cfg, kv: kv, log: log, owner: hex.EncodeToString([]byte(uniqueOwner(cfg.Name))),
-		ops: make(chan fleetOp, cfg.QueueLen), counts: xsync.NewMap[index.Holder, *atomic.Int64]()}, nil
+	return &Pulls{cfg: cfg, kv: kv, log: log, owner: hex.EncodeToString([]byte(natsstream.OwnerName(cfg.Name))),
+		ops: make(chan pullOp, cfg.QueueLen), counts: xsync.NewMap[index.Holder, *atomic.Int64]()}, nil
 }
 
 // Started implements picker.Fleet.
-func (f *Fleet) Started(h index.Holder) uint64 {
+func (f *Pulls) Started(h index.Holder) uint64 {
 	tok := f.next.Add(1)
-	f.enqueue(fleetOp{token: tok, h: h})
+	f.enqueue(pullOp{token: tok, h: h})
 	return tok
 }
 
 // Ended implements picker.Fleet.
-func (f *Fleet) Ended(token uint64) { f.enqueue(fleetOp{token: token, end: true}) }
+func (f *Pulls) Ended(token uint64) { f.enqueue(pullOp{token: token, end: true}) }
 
-func (f *Fleet) enqueue(op fleetOp) {
+func (f *Pulls) enqueue(op pullOp) {
 	select {
 	case f.ops <- op:
 	default:
@@ -151,7 +160,7 @@ func (f *Fleet) enqueue(op fleetOp) {
 }
 
 // Inflight implements picker.Fleet: the other replicas' pulls from h.
-func (f *Fleet) Inflight(h index.Holder) int {
+func (f *Pulls) Inflight(h index.Holder) int {
 	if c, ok := f.counts.Load(h); ok {
 		return int(c.Load())
 	}
@@ -159,14 +168,14 @@ func (f *Fleet) Inflight(h index.Holder) int {
 }
 
 // Stats returns the fleet's counters.
-func (f *Fleet) Stats() FleetStats {
-	return FleetStats{Started: f.started.Load(), Ended: f.ended.Load(), Dropped: f.dropped.Load(), Remote: int(f.remote.Load()),
+func (f *Pulls) Stats() PullsStats {
+	return PullsStats{Started: f.started.Load(), Ended: f.ended.Load(), Dropped: f.dropped.Load(), Remote: int(f.remote.Load()),
 		Malformed: f.malformed.Load(), OverCap: f.overCap.Load()}
 }
 
 // Run publishes this replica's starts and ends and watches the others'
 // until ctx is done. Started and Ended only queue until it runs.
-func (f *Fleet) Run(ctx context.Context) error {
+func (f *Pulls) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { defer close(done); f.publish(ctx) }()
 	defer func() { <-done }()
@@ -180,11 +189,11 @@ func (f *Fleet) Run(ctx context.Context) error {
 	}
 }
 
-func (f *Fleet) key(token uint64) string { return f.owner + "." + strconv.FormatUint(token, 10) }
+func (f *Pulls) key(token uint64) string { return f.owner + "." + strconv.FormatUint(token, 10) }
 
-func (f *Fleet) publish(ctx context.Context) {
+func (f *Pulls) publish(ctx context.Context) {
 	for {
-		var op fleetOp
+		var op pullOp
 		select {
 		case <-ctx.Done():
 			return
@@ -201,7 +210,7 @@ func (f *Fleet) publish(ctx context.Context) {
 		switch {
 		case err != nil:
 			f.dropped.Add(1)
-			f.log.Debug("natsstream: fleet publish failed", "err", err)
+			f.log.Debug("natsfleet: fleet publish failed", "err", err)
 		case op.end:
 			f.ended.Add(1)
 		default:
@@ -212,10 +221,10 @@ func (f *Fleet) publish(ctx context.Context) {
 
 // watch follows the bucket until ctx is done or the watcher fails; the
 // counts start over from the bucket's content each time.
-func (f *Fleet) watch(ctx context.Context) {
+func (f *Pulls) watch(ctx context.Context) {
 	w, err := f.kv.WatchAll(ctx)
 	if err != nil {
-		f.log.Warn("natsstream: fleet watch failed", "err", err)
+		f.log.Warn("natsfleet: fleet watch failed", "err", err)
 		return
 	}
 	defer w.Stop()
@@ -268,12 +277,12 @@ func (f *Fleet) watch(ctx context.Context) {
 			h, err := parsePull(e.Value())
 			if err != nil {
 				f.malformed.Add(1)
-				f.log.Warn("natsstream: fleet pull names no holder, not counted", "key", truncate(e.Key(), 64), "err", err)
+				f.log.Warn("natsfleet: fleet pull names no holder, not counted", "key", truncate(e.Key(), 64), "err", err)
 				continue
 			}
 			if len(pulls) >= f.cfg.MaxRemote {
 				f.overCap.Add(1)
-				f.log.Warn("natsstream: other replicas' pulls over FleetConfig.MaxRemote, not counted", "max", f.cfg.MaxRemote)
+				f.log.Warn("natsfleet: other replicas' pulls over PullsConfig.MaxRemote, not counted", "max", f.cfg.MaxRemote)
 				continue
 			}
 			p := remotePull{h: h, created: e.Created()}
@@ -290,7 +299,7 @@ func (f *Fleet) watch(ctx context.Context) {
 	}
 }
 
-func (f *Fleet) drop(pulls map[uint64]remotePull, k uint64, p remotePull) {
+func (f *Pulls) drop(pulls map[uint64]remotePull, k uint64, p remotePull) {
 	delete(pulls, k)
 	f.counts.Compute(p.h, func(c *atomic.Int64, loaded bool) (*atomic.Int64, xsync.ComputeOp) {
 		if !loaded || c.Add(-1) <= 0 {
@@ -305,18 +314,18 @@ func (f *Fleet) drop(pulls map[uint64]remotePull, k uint64, p remotePull) {
 // name out of the value.
 func parsePull(v []byte) (index.Holder, error) {
 	if len(v) > maxPullValue {
-		return index.Holder{}, fmt.Errorf("%w: a value of %d bytes, over %d", ErrBadMessage, len(v), maxPullValue)
+		return index.Holder{}, fmt.Errorf("%w: a value of %d bytes, over %d", errBadPull, len(v), maxPullValue)
 	}
 	rank, pod, ok := strings.Cut(string(v), "|")
 	if !ok {
-		return index.Holder{}, fmt.Errorf("%w: no rank|pod", ErrBadMessage)
+		return index.Holder{}, fmt.Errorf("%w: no rank|pod", errBadPull)
 	}
 	r, err := strconv.Atoi(rank)
 	if err != nil || r < 0 {
-		return index.Holder{}, fmt.Errorf("%w: rank %q", ErrBadMessage, truncate(rank, 32))
+		return index.Holder{}, fmt.Errorf("%w: rank %q", errBadPull, truncate(rank, 32))
 	}
 	if err := events.ValidPodName(pod); err != nil {
-		return index.Holder{}, fmt.Errorf("%w: %w", ErrBadMessage, err)
+		return index.Holder{}, fmt.Errorf("%w: %w", errBadPull, err)
 	}
 	return index.Holder{Pod: pod, Rank: r}, nil
 }

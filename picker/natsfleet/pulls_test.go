@@ -1,4 +1,4 @@
-package natsstream
+package natsfleet
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvsource/kvsource/events/natsstream"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/picker"
 )
@@ -45,12 +46,12 @@ func TestThreeReplicasSpreadPullsAsOnePickerWould(t *testing.T) {
 
 	type rep struct {
 		p *picker.Picker
-		f *Fleet
+		f *Pulls
 	}
 	var rs []rep
 	for i := range replicas {
 		_, js := env.connect(t)
-		f, err := NewFleet(context.Background(), FleetConfig{JetStream: js, Name: fmt.Sprintf("r%d", i)})
+		f, err := NewPulls(context.Background(), PullsConfig{JetStream: js, Name: fmt.Sprintf("r%d", i)})
 		require.NoError(t, err)
 		runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, f.Run(ctx)) })
 		p, err := picker.New(picker.Config{Index: hotIndex(keys, holders), Fleet: f})
@@ -141,15 +142,15 @@ func mapValues(m map[index.Holder]int, keys []index.Holder) func(func(int) bool)
 // Made-up pulls, as anyone with a replica's credentials can write them,
 // leave nothing behind once their TTL passes, and a pull whose pod name
 // no holder can have (a 4,000-byte one) is not counted at all.
-func TestFleetForgetsMadeUpPullsWithTheirTTLAndRefusesLongPodNames(t *testing.T) {
+func TestPullsForgetsMadeUpPullsWithTheirTTLAndRefusesLongPodNames(t *testing.T) {
 	env := startNATS(t)
 	_, js := env.connect(t)
-	f, err := NewFleet(context.Background(), FleetConfig{JetStream: js, Name: "victim", TTL: time.Second})
+	f, err := NewPulls(context.Background(), PullsConfig{JetStream: js, Name: "victim", TTL: time.Second})
 	require.NoError(t, err)
 	runUntilCleanup(t, func(ctx context.Context) { _ = f.Run(ctx) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := js.KeyValue(ctx, DefaultStream+"_PULLS")
+	kv, err := js.KeyValue(ctx, natsstream.DefaultStream+"_PULLS")
 	require.NoError(t, err)
 
 	const valid, long = 200, 100
@@ -172,15 +173,15 @@ func TestFleetForgetsMadeUpPullsWithTheirTTLAndRefusesLongPodNames(t *testing.T)
 	require.Zero(t, f.Inflight(index.Holder{Pod: "10.1.0.7:8000"}))
 }
 
-func TestFleetCountsAtMostMaxRemotePulls(t *testing.T) {
+func TestPullsCountsAtMostMaxRemotePulls(t *testing.T) {
 	env := startNATS(t)
 	_, js := env.connect(t)
-	f, err := NewFleet(context.Background(), FleetConfig{JetStream: js, Name: "victim", MaxRemote: 10})
+	f, err := NewPulls(context.Background(), PullsConfig{JetStream: js, Name: "victim", MaxRemote: 10})
 	require.NoError(t, err)
 	runUntilCleanup(t, func(ctx context.Context) { _ = f.Run(ctx) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := js.KeyValue(ctx, DefaultStream+"_PULLS")
+	kv, err := js.KeyValue(ctx, natsstream.DefaultStream+"_PULLS")
 	require.NoError(t, err)
 	for i := range 15 {
 		_, err := kv.Put(ctx, fmt.Sprintf("other.%d", i), []byte("0|10.1.0.1:8000"))

@@ -1,4 +1,4 @@
-package natsstream
+package natsfleet
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/natsstream"
 	"github.com/kvsource/kvsource/index"
 	"github.com/kvsource/kvsource/internal/ratelog"
 )
@@ -27,11 +28,11 @@ const DefaultSourcesInterval = time.Second
 // once, and a second more covers the server's expiry and the network (a
 // SIGKILL failover measured 5.8 s to the new lease, tables up to 7.8 s
 // apart before the first write came at once).
-const DefaultSourcesTTL = DefaultLeaseTTL*5/4 + 3*DefaultSourcesInterval
+const DefaultSourcesTTL = natsstream.DefaultLeaseTTL*5/4 + 3*DefaultSourcesInterval
 
 // SourcesConfig configures a Sources. Only JetStream is required.
 type SourcesConfig struct {
-	Config
+	natsstream.Config
 	// JetStream is the client the table is written and watched with.
 	JetStream jetstream.JetStream
 	// Interval is how often the leading relay writes the table; default
@@ -48,7 +49,7 @@ type SourcesConfig struct {
 	// Publish writes: each names the lease owner, and replicas take a table
 	// only from the lease's current holder. Nil: the owner the lease
 	// bucket names at each write.
-	Relay *Relay
+	Relay *natsstream.Relay
 	// Logger receives the logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -73,7 +74,9 @@ type Sources struct {
 	table atomic.Pointer[map[index.Holder]string]
 
 	written, writeErrors, updates, malformed, notHolder atomic.Uint64
-	warned, warnedHolder                                ratelog.Gate
+	// warns limits the warnings: a table is written, and a watch
+	// retried, every Interval.
+	warns ratelog.Limiter
 }
 
 // sourcesKey is the table's key: one table, the leading relay's.
@@ -84,7 +87,7 @@ func NewSources(ctx context.Context, cfg SourcesConfig) (*Sources, error) {
 	if cfg.JetStream == nil {
 		return nil, fmt.Errorf("%w: SourcesConfig.JetStream is required", ErrConfig)
 	}
-	cfg.Config = cfg.Config.withDefaults()
+	cfg.Config = cfg.Config.WithDefaults()
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultSourcesInterval
 	}
@@ -97,11 +100,11 @@ func NewSources(ctx context.Context, cfg SourcesConfig) (*Sources, error) {
 	}
 	// JetStream's expiry markers need a TTL of a second at least; the
 	// watcher drops a table older than TTL itself.
-	kv, err := cfg.ensureKV(ctx, cfg.JetStream, "_SOURCES", max(cfg.TTL, time.Second))
+	kv, err := cfg.KeyValue(ctx, cfg.JetStream, "_SOURCES", max(cfg.TTL, time.Second))
 	if err != nil {
 		return nil, err
 	}
-	return &Sources{cfg: cfg, kv: kv, log: log}, nil
+	return &Sources{cfg: cfg, kv: kv, log: log, warns: ratelog.Limiter{Interval: time.Minute}}, nil
 }
 
 // Publish writes status's holder states every Interval while leader
@@ -131,7 +134,7 @@ func (s *Sources) Publish(ctx context.Context, status func() []events.HolderStat
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				s.writeErrors.Add(1)
-				s.warn("natsstream: sources table write failed; replicas stop pulling from holders when no table arrives for the TTL",
+				s.warn("natsfleet: sources table write failed; replicas stop pulling from holders when no table arrives for the TTL",
 					"err", err, "bytes", len(buf), "ttl", s.cfg.TTL)
 			} else if err == nil {
 				s.written.Add(1)
@@ -149,15 +152,15 @@ func (s *Sources) Publish(ctx context.Context, status func() []events.HolderStat
 // bucket's holder.
 func (s *Sources) owner(ctx context.Context) (string, error) {
 	if s.cfg.Relay != nil {
-		return s.cfg.Relay.lease.owner, nil
+		return s.cfg.Relay.Owner(), nil
 	}
 	kv, err := s.cfg.JetStream.KeyValue(ctx, s.cfg.Stream+"_RELAY")
 	if err != nil {
-		return "", fmt.Errorf("natsstream: relay lease bucket: %w", err)
+		return "", fmt.Errorf("natsfleet: relay lease bucket: %w", err)
 	}
-	e, err := kv.Get(ctx, relayLeaseKey)
+	e, err := kv.Get(ctx, natsstream.RelayLeaseKey)
 	if err != nil {
-		return "", fmt.Errorf("natsstream: relay lease: %w", err)
+		return "", fmt.Errorf("natsfleet: relay lease: %w", err)
 	}
 	return string(e.Value()), nil
 }
@@ -178,7 +181,7 @@ func (s *Sources) Watch(ctx context.Context) error {
 func (s *Sources) watch(ctx context.Context) {
 	w, err := s.kv.Watch(ctx, sourcesKey)
 	if err != nil {
-		s.warn("natsstream: sources watch failed", "err", err)
+		s.warn("natsfleet: sources watch failed", "err", err)
 		return
 	}
 	defer w.Stop()
@@ -186,12 +189,12 @@ func (s *Sources) watch(ctx context.Context) {
 	// for a relay to create it.
 	lkv, err := s.cfg.JetStream.KeyValue(ctx, s.cfg.Stream+"_RELAY")
 	if err != nil {
-		s.warn("natsstream: relay lease bucket not found; no table counts until a relay runs", "err", err)
+		s.warn("natsfleet: relay lease bucket not found; no table counts until a relay runs", "err", err)
 		return
 	}
-	lw, err := lkv.Watch(ctx, relayLeaseKey)
+	lw, err := lkv.Watch(ctx, natsstream.RelayLeaseKey)
 	if err != nil {
-		s.warn("natsstream: relay lease watch failed", "err", err)
+		s.warn("natsfleet: relay lease watch failed", "err", err)
 		return
 	}
 	defer lw.Stop()
@@ -258,7 +261,7 @@ func (s *Sources) watch(ctx context.Context) {
 			owner, t, err := parseSourcesTable(e.Value())
 			if err != nil {
 				s.malformed.Add(1)
-				s.warn("natsstream: dropped a malformed sources table", "err", err)
+				s.warn("natsfleet: dropped a malformed sources table", "err", err)
 				continue
 			}
 			arrived := time.Now()
@@ -271,9 +274,9 @@ func (s *Sources) watch(ctx context.Context) {
 				if holder == "" {
 					// The lease's first update has not arrived: at start-up
 					// the table often comes first, and waits for it.
-					s.log.Debug("natsstream: a sources table waits for the relay lease's update", "owner", truncate(owner, 256))
-				} else if _, ok := s.warnedHolder.Allow(time.Minute); ok {
-					s.log.Warn("natsstream: dropped a sources table not from the relay lease's holder (yet)",
+					s.log.Debug("natsfleet: a sources table waits for the relay lease's update", "owner", truncate(owner, 256))
+				} else if _, _, ok := s.warns.Allow("not_holder", ""); ok {
+					s.log.Warn("natsfleet: dropped a sources table not from the relay lease's holder (yet)",
 						"owner", truncate(owner, 256), "holder", holder)
 				}
 				continue
@@ -300,10 +303,9 @@ func (s *Sources) Source(h index.Holder) (state string, ok bool) {
 	return st, st == events.StateLive
 }
 
-// warn logs at most once a minute: a table is written, and a watch
-// retried, every Interval.
+// warn logs at most once a minute, whatever the message.
 func (s *Sources) warn(msg string, args ...any) {
-	if _, ok := s.warned.Allow(time.Minute); ok {
+	if _, _, ok := s.warns.Allow("warn", ""); ok {
 		s.log.Warn(msg, args...)
 	}
 }
@@ -346,7 +348,7 @@ func appendSourcesTable(b []byte, owner string, hs []events.HolderStatus) []byte
 	return b
 }
 
-var errSourcesTable = errors.New("natsstream: bad sources table line")
+var errSourcesTable = errors.New("natsfleet: bad sources table line")
 
 func parseSourcesTable(b []byte) (owner string, _ map[index.Holder]string, _ error) {
 	first, b, _ := bytes.Cut(b, []byte{'\n'})

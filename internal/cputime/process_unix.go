@@ -1,15 +1,14 @@
 //go:build unix
 
-package index
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime is the process's user and system CPU time so far: benchmarks on a
-// shared machine report work per CPU second besides per wall second.
-func cpuTime() time.Duration {
+// Process is the process's user and system CPU time so far.
+func Process() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0

@@ -1,4 +1,4 @@
-package natsstream
+package natsfleet
 
 import (
 	"context"
@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvsource/kvsource/events"
+	"github.com/kvsource/kvsource/events/natsstream"
 	"github.com/kvsource/kvsource/index"
 )
 
@@ -89,17 +89,6 @@ func TestSourcesCarryTheLeadingRelaysHolderStatesToReplicas(t *testing.T) {
 	require.Equal(t, -1, replicaSide.Stats().Holders)
 }
 
-// startLeadingRelay runs a relay on js until the test ends and waits
-// until it holds the lease.
-func startLeadingRelay(t *testing.T, js jetstream.JetStream) *Relay {
-	t.Helper()
-	relay, err := NewRelay(context.Background(), RelayConfig{JetStream: js, Name: "relay", LeaseTTL: time.Second, Retain: 10 * time.Second})
-	require.NoError(t, err)
-	runUntilCleanup(t, func(ctx context.Context) { _ = relay.Run(ctx) })
-	waitLeader(t, relay)
-	return relay
-}
-
 // A client with publish rights on the sources bucket (and none on the
 // lease) writes a table calling its own pod live: replicas drop it, as
 // they drop one from a relay that lost the lease, and take the lease
@@ -115,7 +104,7 @@ func TestReplicasTakeSourcesTablesOnlyFromTheRelayLeasesHolder(t *testing.T) {
 	runUntilCleanup(t, func(ctx context.Context) { require.NoError(t, replicaSide.Watch(ctx)) })
 
 	_, injector := env.connect(t)
-	kv, err := injector.KeyValue(context.Background(), DefaultStream+"_SOURCES")
+	kv, err := injector.KeyValue(context.Background(), natsstream.DefaultStream+"_SOURCES")
 	require.NoError(t, err)
 	injected := index.Holder{Pod: "10.6.6.6:8000"}
 	for _, table := range []string{

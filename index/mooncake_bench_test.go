@@ -1,0 +1,443 @@
+package index_test
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvsource/kvsource/index"
+	"github.com/kvsource/kvsource/internal/cputime"
+	"github.com/kvsource/kvsource/internal/mooncake"
+	"github.com/kvsource/kvsource/internal/testenv"
+)
+
+// The Mooncake benchmarks measure the index by the method of NVIDIA
+// Dynamo's mooncake_bench, whose figures (lib/kv-router/BENCH_SETUP.md)
+// they can be set beside: the conversation trace of Mooncake's FAST'25
+// release spread over 1,000 mock vLLM engines, replicated 7 times (-d 7:
+// 7,000 workers, each replaying its engine's timeline under its own
+// holder), Stored events applied by 8 event threads, find_matches (here
+// Lookup) timed as the trace's requests come. internal/mooncake builds the
+// workload and checks it against Dynamo's counts.
+
+const (
+	mooncakeReplicas     = 7 // -d 7
+	mooncakeEventThreads = 8 // --num-event-workers 8
+	mooncakeModel        = "mooncake"
+	mooncakeWindowMS     = 30000 // --benchmark-duration-ms
+)
+
+// mooncakeLoad is the benchmark's input, generated once per process (it
+// takes about a second) and shared by the sub-benchmarks.
+type mooncakeLoad struct {
+	workers []mooncake.Worker
+	totals  mooncake.Totals
+	holders []index.Holder // worker w of replica r is holders[r*len(workers)+w]
+}
+
+var (
+	mooncakeMu    sync.Mutex
+	mooncakeCache *mooncakeLoad
+)
+
+func loadMooncake(b *testing.B) *mooncakeLoad {
+	b.Helper()
+	path := testenv.MooncakeTrace(b)
+	mooncakeMu.Lock()
+	defer mooncakeMu.Unlock()
+	if mooncakeCache != nil {
+		return mooncakeCache
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := mooncake.Read(f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	workers, err := mooncake.Generate(recs, mooncake.DynamoConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ld := &mooncakeLoad{workers: workers, totals: mooncake.Count(workers)}
+	for w := range mooncakeReplicas * len(workers) {
+		ld.holders = append(ld.holders, index.Holder{Pod: fmt.Sprintf("10.%d.%d.%d:8000", 1+w>>16, w>>8&255, w&255)})
+	}
+	mooncakeCache = ld
+	return ld
+}
+
+// apply applies one event as a router applies an engine's KV event.
+func mooncakeApply(ix *index.Index, h index.Holder, ev *mooncake.Event) {
+	switch ev.Kind {
+	case mooncake.EventStored:
+		b := index.Blocks{Model: mooncakeModel, Holder: h, Tier: index.TierGPU, Keys: ev.Keys}
+		if ev.HasParent {
+			b.Parent = index.ParentKey(ev.Parent)
+		}
+		ix.Store(b)
+	case mooncake.EventRemoved:
+		ix.Remove(mooncakeModel, h, index.TierGPU, 0, ev.Keys)
+	}
+}
+
+// mooncakeQueue is one event thread's unbounded queue (Dynamo's unbounded
+// flume channel): a worker never waits to hand an event over.
+type mooncakeQueue struct {
+	mu     sync.Mutex
+	items  []mooncakeItem
+	closed bool
+	wake   chan struct{}
+}
+
+type mooncakeItem struct {
+	holder int
+	ev     *mooncake.Event
+}
+
+func (q *mooncakeQueue) push(it mooncakeItem) {
+	q.mu.Lock()
+	q.items = append(q.items, it)
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *mooncakeQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drain applies the queue's events until it is closed and empty, and
+// returns the thread CPU it took: the goroutine keeps its OS thread, as
+// Dynamo's event workers are OS threads, so the thread's clock is its own.
+func (q *mooncakeQueue) drain(ix *index.Index, holders []index.Holder) time.Duration {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := cputime.Thread()
+	var batch []mooncakeItem
+	for {
+		q.mu.Lock()
+		batch, q.items = q.items, batch[:0]
+		closed := q.closed
+		q.mu.Unlock()
+		for _, it := range batch {
+			mooncakeApply(ix, holders[it.holder], it.ev)
+		}
+		if len(batch) == 0 {
+			if closed {
+				return cputime.Thread() - cpu0
+			}
+			<-q.wake
+		}
+	}
+}
+
+// mooncakeResult is one run's measure, with Dynamo's rules: total is from
+// the start to the last worker's end (not the event queues' drain), p99 is
+// the sorted latencies at len×99/100.
+type mooncakeResult struct {
+	windowMS      uint64
+	ops, blocks   int
+	finds, events int
+	total         time.Duration
+	latencies     []time.Duration // sorted
+	findCPU       time.Duration
+	eventCPU      time.Duration
+}
+
+func (r *mooncakeResult) offered() float64 { return float64(r.ops) / float64(r.windowMS) * 1000 }
+func (r *mooncakeResult) achieved() float64 {
+	return float64(r.ops) / float64(r.total.Milliseconds()) * 1000
+}
+func (r *mooncakeResult) offeredBlocks() float64 {
+	return float64(r.blocks) / float64(r.windowMS) * 1000
+}
+func (r *mooncakeResult) achievedBlocks() float64 {
+	return float64(r.blocks) / float64(r.total.Milliseconds()) * 1000
+}
+func (r *mooncakeResult) keptUp() bool {
+	return r.total <= time.Duration(r.windowMS*11/10)*time.Millisecond
+}
+func (r *mooncakeResult) quantileUS(num, den int) float64 {
+	return float64(r.latencies[len(r.latencies)*num/den].Nanoseconds()) / 1e3
+}
+
+func (r *mooncakeResult) report(b *testing.B) {
+	b.ReportMetric(r.achieved(), "ops/s")
+	b.ReportMetric(r.offered(), "offered-ops/s")
+	b.ReportMetric(r.quantileUS(1, 2), "p50-find-us")
+	b.ReportMetric(r.quantileUS(99, 100), "p99-find-us")
+	if r.eventCPU > 0 {
+		b.ReportMetric(float64(r.findCPU.Nanoseconds())/1e3/float64(r.finds), "cpu-us/find")
+		b.ReportMetric(float64(r.eventCPU.Nanoseconds())/1e3/float64(r.events), "cpu-us/event")
+	}
+	kept := 0.0
+	if r.keptUp() {
+		kept = 1
+	} else {
+		b.Logf("WARNING: unable to keep up with the %d ms window: took %v", r.windowMS, r.total.Round(time.Millisecond))
+	}
+	b.ReportMetric(kept, "kept-up")
+}
+
+// runMooncake is run_benchmark: on a fresh index, one goroutine per worker
+// (7,000) replays its engine's timeline stretched to windowMS. Each starts
+// its clock when all are released, submits an entry and every following
+// one of the same time, then sleeps until the next entry's time (if that is
+// still ahead: a worker that falls behind runs on without waiting). A
+// request is a Lookup, timed around the call on the worker's goroutine; an
+// event goes to one of 8 event threads, the worker's for good from its
+// first event on, assigned round-robin in order of first events.
+//
+// CPU: the event threads' is their thread CPU; a find's is the process CPU
+// from the release to the queues' drain less the event threads', over the
+// finds. So cpu-us/find also carries what the replay itself costs (7,000
+// goroutines' timers and wake-ups, the garbage collector's background
+// work): an upper bound, close to the finds' cost when they are slow.
+func runMooncake(ld *mooncakeLoad, windowMS uint64) *mooncakeResult {
+	n := len(ld.workers)
+	timelines := make([][]mooncake.Entry, n)
+	for w := range ld.workers {
+		timelines[w] = ld.workers[w].Timeline(windowMS)
+	}
+	ix := index.New(index.Config{})
+	queues := make([]*mooncakeQueue, mooncakeEventThreads)
+	cpus := make([]time.Duration, mooncakeEventThreads)
+	var drained sync.WaitGroup
+	for i := range queues {
+		queues[i] = &mooncakeQueue{wake: make(chan struct{}, 1)}
+		drained.Go(func() { cpus[i] = queues[i].drain(ix, ld.holders) })
+	}
+	var assigned atomic.Uint64
+	lat := make([][]time.Duration, mooncakeReplicas*n)
+	gate := make(chan struct{})
+	var done sync.WaitGroup
+	for replica := range mooncakeReplicas {
+		for w, tl := range timelines {
+			id := replica*n + w
+			lat[id] = make([]time.Duration, 0, len(ld.workers[w].Requests))
+			done.Go(func() {
+				var res index.Result
+				var q *mooncakeQueue
+				<-gate
+				target := time.Now()
+				for i := 0; i < len(tl); {
+					ts := tl[i].TimestampUS
+					for ; i < len(tl) && tl[i].TimestampUS == ts; i++ {
+						if r := tl[i].Request; r != nil {
+							start := time.Now()
+							ix.Lookup(mooncakeModel, r.Keys, &res)
+							lat[id] = append(lat[id], time.Since(start))
+							continue
+						}
+						if q == nil {
+							q = queues[(assigned.Add(1)-1)%mooncakeEventThreads]
+						}
+						q.push(mooncakeItem{holder: id, ev: tl[i].Event})
+					}
+					if i < len(tl) {
+						target = target.Add(time.Duration(tl[i].TimestampUS-ts) * time.Microsecond)
+					}
+					if d := time.Until(target); d > 0 {
+						time.Sleep(d)
+					}
+				}
+			})
+		}
+	}
+	runtime.GC()
+	cpu0 := cputime.Process()
+	start := time.Now()
+	close(gate)
+	done.Wait()
+	total := time.Since(start)
+	for _, q := range queues {
+		q.close()
+	}
+	drained.Wait()
+	cpu := cputime.Process() - cpu0
+
+	r := &mooncakeResult{
+		windowMS: windowMS,
+		ops:      mooncakeReplicas * ld.totals.Ops(),
+		blocks:   mooncakeReplicas * ld.totals.Blocks(),
+		finds:    mooncakeReplicas * ld.totals.Requests,
+		events:   mooncakeReplicas * ld.totals.Events(),
+		total:    total,
+	}
+	for _, l := range lat {
+		r.latencies = append(r.latencies, l...)
+	}
+	slices.Sort(r.latencies)
+	for _, c := range cpus {
+		r.eventCPU += c
+	}
+	r.findCPU = cpu - r.eventCPU
+	runtime.KeepAlive(ix)
+	return r
+}
+
+// mooncakeSweepDurations is compute_sweep_durations: steps windows from
+// maxMS down to minMS, evenly spaced in log scale, rounded to the ms.
+func mooncakeSweepDurations(minMS, maxMS float64, steps int) []uint64 {
+	out := make([]uint64, steps)
+	for i := range out {
+		t := float64(i) / float64(steps-1)
+		out[i] = uint64(math.Round(math.Exp(math.Log(maxMS)*(1-t) + math.Log(minMS)*t)))
+	}
+	return out
+}
+
+// BenchmarkMooncake is Dynamo's mooncake_bench run of its published tables
+// (--trace-simulation-duration-ms 10000 --benchmark-duration-ms 30000 -d 7,
+// 8 event threads) on the index: window-30s is the 30 s window (11,861
+// ops/s offered), sweep the throughput sweep, windows from 30 s down to
+// 1 s (compute_sweep_durations(1000, 30000, 8)), longest first, each on a
+// fresh index, stopping after 5 steps in a row whose achieved block
+// throughput is at least 95% of the offered. Dynamo's peak is the highest
+// achieved ops/s of a step that kept up (finished within 1.1 × window);
+// the sweep logs it with its table.
+//
+// Each step runs at least its window (30 s and more): go test -bench
+// Mooncake -benchtime 1x. Without the trace (see testenv.MooncakeTrace) it
+// is skipped.
+func BenchmarkMooncake(b *testing.B) {
+	ld := loadMooncake(b)
+	b.Run("window-30s", func(b *testing.B) {
+		var r *mooncakeResult
+		for b.Loop() {
+			r = runMooncake(ld, mooncakeWindowMS)
+		}
+		r.report(b)
+	})
+	b.Run("sweep", func(b *testing.B) {
+		var steps []*mooncakeResult
+		inRow := 0
+		for _, ms := range mooncakeSweepDurations(1000, 30000, 8) {
+			var r *mooncakeResult
+			b.Run(fmt.Sprintf("window-%dms", ms), func(b *testing.B) {
+				for b.Loop() {
+					r = runMooncake(ld, ms)
+				}
+				r.report(b)
+			})
+			if r == nil { // filtered out by -bench
+				continue
+			}
+			steps = append(steps, r)
+			if r.achievedBlocks() >= 0.95*r.offeredBlocks() {
+				inRow++
+			} else {
+				inRow = 0
+			}
+			if inRow >= 5 {
+				break
+			}
+		}
+		b.Log(mooncakeSweepTable(steps))
+	})
+}
+
+// mooncakeSweepTable is print_sweep_summary's table, with the peak.
+func mooncakeSweepTable(steps []*mooncakeResult) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "\n%12s %14s %14s %14s %14s %10s %8s\n", "duration_ms", "ops/s_off", "ops/s", "blk_ops/s_off", "blk_ops/s", "p99(us)", "kept_up")
+	var peak *mooncakeResult
+	for _, r := range steps {
+		fmt.Fprintf(&s, "%12d %14.1f %14.1f %14.1f %14.1f %10.1f %8t\n", r.windowMS, r.offered(), r.achieved(), r.offeredBlocks(), r.achievedBlocks(), r.quantileUS(99, 100), r.keptUp())
+		if r.keptUp() && (peak == nil || r.achieved() > peak.achieved()) {
+			peak = r
+		}
+	}
+	if peak == nil {
+		s.WriteString("peak: no step kept up")
+	} else {
+		fmt.Fprintf(&s, "peak: %.1f ops/s (p99 %.1f us) at %d ms", peak.achieved(), peak.quantileUS(99, 100), peak.windowMS)
+	}
+	return s.String()
+}
+
+// BenchmarkMooncakeFind times single Lookups of the trace's prompts, one
+// after another on one goroutine, against the index of the whole workload
+// (every event of the 7,000 workers applied): an iteration is one find of
+// each of the 12,031 prompts, in trace order. It reports the mean wall time
+// and thread CPU of a find, their p50 and p99, and the index's heap per
+// holding (heap growth over building it, per Stats().HolderBlocks).
+func BenchmarkMooncakeFind(b *testing.B) {
+	ld := loadMooncake(b)
+	n := len(ld.workers)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ix := index.New(index.Config{})
+	for replica := range mooncakeReplicas {
+		for w := range ld.workers {
+			for i := range ld.workers[w].Events {
+				mooncakeApply(ix, ld.holders[replica*n+w], &ld.workers[w].Events[i])
+			}
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	st := ix.Stats()
+	if want := int64(mooncakeReplicas * ld.totals.StoredBlocks); st.HolderBlocks != want {
+		b.Fatalf("%d holdings, want %d", st.HolderBlocks, want)
+	}
+	var prompts [][]uint64
+	for _, w := range ld.workers {
+		for _, r := range w.Requests {
+			prompts = append(prompts, r.Keys)
+		}
+	}
+	wall := make([]time.Duration, 0, len(prompts))
+	cpu := make([]time.Duration, 0, len(prompts))
+	var res index.Result
+	hits := 0
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ReportAllocs()
+	for b.Loop() {
+		wall, cpu, hits = wall[:0], cpu[:0], 0
+		for _, keys := range prompts {
+			c0, t0 := cputime.Thread(), time.Now()
+			ix.Lookup(mooncakeModel, keys, &res)
+			wall = append(wall, time.Since(t0))
+			cpu = append(cpu, cputime.Thread()-c0)
+			hits += len(res.Hits)
+		}
+	}
+	finds := float64(b.N * len(prompts))
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	b.ReportMetric(us(b.Elapsed())/finds, "us/find")
+	var sum time.Duration
+	for _, c := range cpu {
+		sum += c
+	}
+	if sum > 0 {
+		b.ReportMetric(us(sum)/float64(len(cpu)), "cpu-us/find")
+	}
+	slices.Sort(wall)
+	b.ReportMetric(us(wall[len(wall)/2]), "p50-find-us")
+	b.ReportMetric(us(wall[len(wall)*99/100]), "p99-find-us")
+	b.ReportMetric(float64(hits)/float64(len(prompts)), "hits/find")
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(st.HolderBlocks), "bytes/holder-block")
+	b.ReportMetric(float64(st.HolderBlocks), "holder-blocks")
+	runtime.KeepAlive(ix)
+}
