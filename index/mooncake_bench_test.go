@@ -438,7 +438,7 @@ func mooncakeSweepDurations(minMS, maxMS float64, steps int) []uint64 {
 // fresh index, stopping after 5 steps in a row whose achieved block
 // throughput is at least 95% of the offered. Dynamo's peak is the highest
 // achieved ops/s of a step that kept up (finished within 1.1 × window);
-// the sweep logs it with its table.
+// each step logs it with the sweep's table so far.
 //
 // Each step runs at least its window (30 s and more): go test -bench
 // Mooncake -benchtime 1x. Without the trace (see testenv.MooncakeTrace) it
@@ -462,11 +462,14 @@ func BenchmarkMooncake(b *testing.B) {
 					r = runMooncake(ld, ms)
 				}
 				r.report(b)
+				// The parent's log is not printed: each step logs the
+				// sweep so far.
+				steps = append(steps, r)
+				b.Log(mooncakeSweepTable(steps))
 			})
 			if r == nil { // filtered out by -bench
 				continue
 			}
-			steps = append(steps, r)
 			if r.achievedBlocks() >= 0.95*r.offeredBlocks() {
 				inRow++
 			} else {
@@ -476,7 +479,6 @@ func BenchmarkMooncake(b *testing.B) {
 				break
 			}
 		}
-		b.Log(mooncakeSweepTable(steps))
 	})
 }
 
