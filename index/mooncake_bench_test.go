@@ -197,20 +197,101 @@ func (r *mooncakeResult) report(b *testing.B) {
 	b.ReportMetric(kept, "kept-up")
 }
 
-// runMooncake is run_benchmark: on a fresh index, one goroutine per worker
-// (7,000) replays its engine's timeline stretched to windowMS. Each starts
-// its clock when all are released, submits an entry and every following
-// one of the same time, then sleeps until the next entry's time (if that is
-// still ahead: a worker that falls behind runs on without waiting). A
-// request is a Lookup, timed around the call on the worker's goroutine; an
-// event goes to one of 8 event threads, the worker's for good from its
-// first event on, assigned round-robin in order of first events.
+// mooncakeWorker is one worker's replay: its timeline, where it is in it,
+// and its clock (Dynamo's task state).
+type mooncakeWorker struct {
+	id      int
+	tl      []mooncake.Entry
+	next    int
+	started bool
+	target  time.Duration // since the release: when the next entry is due
+	seq     uint64        // order of scheduling, among equal targets
+	queue   *mooncakeQueue
+	lat     []time.Duration
+}
+
+// mooncakeSchedule is the workers waiting for their next entry, earliest
+// first, and the runners' shared state.
+type mooncakeSchedule struct {
+	mu       sync.Mutex
+	cond     *sync.Cond
+	due      []*mooncakeWorker // a heap by target, then seq
+	seq      uint64
+	inflight int
+	kick     chan struct{} // a sleeping runner's wake-up: an earlier worker is due
+}
+
+func (s *mooncakeSchedule) before(i, j int) bool {
+	a, b := s.due[i], s.due[j]
+	return a.target < b.target || (a.target == b.target && a.seq < b.seq)
+}
+
+func (s *mooncakeSchedule) push(w *mooncakeWorker) {
+	s.seq++
+	w.seq = s.seq
+	s.due = append(s.due, w)
+	i := len(s.due) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !s.before(i, p) {
+			break
+		}
+		s.due[p], s.due[i] = s.due[i], s.due[p]
+		i = p
+	}
+	if i == 0 {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *mooncakeSchedule) pop() *mooncakeWorker {
+	top := s.due[0]
+	last := len(s.due) - 1
+	s.due[0] = s.due[last]
+	s.due = s.due[:last]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < last && s.before(l, m) {
+			m = l
+		}
+		if r < last && s.before(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		s.due[m], s.due[i] = s.due[i], s.due[m]
+		i = m
+	}
+	return top
+}
+
+// runMooncake is run_benchmark on a fresh index: 7,000 workers, each
+// replaying its engine's timeline stretched to windowMS. A worker starts
+// its clock when it first runs after the release, submits an entry and
+// every following one of the same time, and waits for the next entry's
+// time only when that is still ahead: one that has fallen behind runs on
+// without yielding, as a tokio task that does not reach sleep_until does.
+// A request is a Lookup, timed around the call where it runs; an event
+// goes to one of 8 event threads, the worker's for good from its first
+// event on, assigned round-robin in order of first events.
+//
+// The workers are run by one runner goroutine per core (GOMAXPROCS), each
+// taking the worker whose next entry is due first: what tokio's
+// multi-thread runtime (a thread per core) does with Dynamo's 7,000 tasks.
+// Not a goroutine per worker: on 2 cores Go preempts a Lookup that runs
+// past 10 ms and queues it behind every runnable goroutine, so its timed
+// latency took in thousands of other workers' turns (p99 9.6 s and 58 s
+// for two runs of the 30 s window), where a tokio task is never preempted.
 //
 // CPU: the event threads' is their thread CPU; a find's is the process CPU
 // from the release to the queues' drain less the event threads', over the
-// finds. So cpu-us/find also carries what the replay itself costs (7,000
-// goroutines' timers and wake-ups, the garbage collector's background
-// work): an upper bound, close to the finds' cost when they are slow.
+// finds. So cpu-us/find also carries what the replay itself costs (its
+// scheduling and sleeps, the garbage collector's background work): an
+// upper bound, close to the finds' cost when they are slow.
 func runMooncake(ld *mooncakeLoad, windowMS uint64) *mooncakeResult {
 	n := len(ld.workers)
 	timelines := make([][]mooncake.Entry, n)
@@ -225,47 +306,92 @@ func runMooncake(ld *mooncakeLoad, windowMS uint64) *mooncakeResult {
 		queues[i] = &mooncakeQueue{wake: make(chan struct{}, 1)}
 		drained.Go(func() { cpus[i] = queues[i].drain(ix, ld.holders) })
 	}
-	var assigned atomic.Uint64
-	lat := make([][]time.Duration, mooncakeReplicas*n)
-	gate := make(chan struct{})
-	var done sync.WaitGroup
+	runners := runtime.GOMAXPROCS(0)
+	s := &mooncakeSchedule{kick: make(chan struct{}, runners)}
+	s.cond = sync.NewCond(&s.mu)
+	workers := make([]*mooncakeWorker, 0, mooncakeReplicas*n)
 	for replica := range mooncakeReplicas {
 		for w, tl := range timelines {
-			id := replica*n + w
-			lat[id] = make([]time.Duration, 0, len(ld.workers[w].Requests))
-			done.Go(func() {
-				var res index.Result
-				var q *mooncakeQueue
-				<-gate
-				target := time.Now()
-				for i := 0; i < len(tl); {
-					ts := tl[i].TimestampUS
-					for ; i < len(tl) && tl[i].TimestampUS == ts; i++ {
-						if r := tl[i].Request; r != nil {
-							start := time.Now()
-							ix.Lookup(mooncakeModel, r.Keys, &res)
-							lat[id] = append(lat[id], time.Since(start))
-							continue
-						}
-						if q == nil {
-							q = queues[(assigned.Add(1)-1)%mooncakeEventThreads]
-						}
-						q.push(mooncakeItem{holder: id, ev: tl[i].Event})
-					}
-					if i < len(tl) {
-						target = target.Add(time.Duration(tl[i].TimestampUS-ts) * time.Microsecond)
-					}
-					if d := time.Until(target); d > 0 {
-						time.Sleep(d)
-					}
-				}
-			})
+			mw := &mooncakeWorker{id: replica*n + w, tl: tl, lat: make([]time.Duration, 0, len(ld.workers[w].Requests))}
+			workers = append(workers, mw)
+			if len(tl) > 0 {
+				s.push(mw)
+			}
 		}
 	}
+	var assigned atomic.Uint64
 	runtime.GC()
 	cpu0 := cputime.Process()
 	start := time.Now()
-	close(gate)
+	// run replays w from its next entry until it is ahead of its clock or
+	// done, and says whether it has entries left.
+	run := func(w *mooncakeWorker, res *index.Result) bool {
+		if !w.started {
+			w.started, w.target = true, time.Since(start)
+		}
+		for {
+			ts := w.tl[w.next].TimestampUS
+			for ; w.next < len(w.tl) && w.tl[w.next].TimestampUS == ts; w.next++ {
+				if r := w.tl[w.next].Request; r != nil {
+					t0 := time.Now()
+					ix.Lookup(mooncakeModel, r.Keys, res)
+					w.lat = append(w.lat, time.Since(t0))
+					continue
+				}
+				if w.queue == nil {
+					w.queue = queues[(assigned.Add(1)-1)%mooncakeEventThreads]
+				}
+				w.queue.push(mooncakeItem{holder: w.id, ev: w.tl[w.next].Event})
+			}
+			if w.next == len(w.tl) {
+				return false
+			}
+			w.target += time.Duration(w.tl[w.next].TimestampUS-ts) * time.Microsecond
+			if w.target > time.Since(start) {
+				return true
+			}
+		}
+	}
+	var done sync.WaitGroup
+	for range runners {
+		done.Go(func() {
+			var res index.Result
+			timer := time.NewTimer(time.Hour)
+			timer.Stop()
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for {
+				for len(s.due) == 0 && s.inflight > 0 {
+					s.cond.Wait()
+				}
+				if len(s.due) == 0 {
+					s.cond.Broadcast()
+					return
+				}
+				if wait := s.due[0].target - time.Since(start); wait > 0 {
+					s.mu.Unlock()
+					timer.Reset(wait)
+					select {
+					case <-timer.C:
+					case <-s.kick:
+						timer.Stop()
+					}
+					s.mu.Lock()
+					continue
+				}
+				w := s.pop()
+				s.inflight++
+				s.mu.Unlock()
+				more := run(w, &res)
+				s.mu.Lock()
+				s.inflight--
+				if more {
+					s.push(w)
+				}
+				s.cond.Broadcast()
+			}
+		})
+	}
 	done.Wait()
 	total := time.Since(start)
 	for _, q := range queues {
@@ -282,8 +408,8 @@ func runMooncake(ld *mooncakeLoad, windowMS uint64) *mooncakeResult {
 		events:   mooncakeReplicas * ld.totals.Events(),
 		total:    total,
 	}
-	for _, l := range lat {
-		r.latencies = append(r.latencies, l...)
+	for _, w := range workers {
+		r.latencies = append(r.latencies, w.lat...)
 	}
 	slices.Sort(r.latencies)
 	for _, c := range cpus {
@@ -313,7 +439,7 @@ func mooncakeSweepDurations(minMS, maxMS float64, steps int) []uint64 {
 // fresh index, stopping after 5 steps in a row whose achieved block
 // throughput is at least 95% of the offered. Dynamo's peak is the highest
 // achieved ops/s of a step that kept up (finished within 1.1 × window);
-// the sweep logs it with its table.
+// each step logs it with the sweep's table so far.
 //
 // Each step runs at least its window (30 s and more): go test -bench
 // Mooncake -benchtime 1x. Without the trace (see testenv.MooncakeTrace) it
@@ -337,11 +463,14 @@ func BenchmarkMooncake(b *testing.B) {
 					r = runMooncake(ld, ms)
 				}
 				r.report(b)
+				// The parent's log is not printed: each step logs the
+				// sweep so far.
+				steps = append(steps, r)
+				b.Log(mooncakeSweepTable(steps))
 			})
 			if r == nil { // filtered out by -bench
 				continue
 			}
-			steps = append(steps, r)
 			if r.achievedBlocks() >= 0.95*r.offeredBlocks() {
 				inRow++
 			} else {
@@ -351,7 +480,6 @@ func BenchmarkMooncake(b *testing.B) {
 				break
 			}
 		}
-		b.Log(mooncakeSweepTable(steps))
 	})
 }
 
