@@ -56,10 +56,31 @@ type laneList struct {
 	names [maxTiers]string
 }
 
-func (hs *holderState) laneNames() []string {
-	ll := hs.lanes.Load()
-	return ll.names[:ll.n]
+// maxLaneLists bounds the lane lists a model shares: holders with the
+// same tiers in the same order share one, which lookups then read from
+// cache; past the bound, a holder's list is its own.
+const maxLaneLists = 1024
+
+// internLanes returns the model's copy of ll.
+func (ms *modelState) internLanes(ll laneList) *laneList {
+	ms.laneMu.Lock()
+	defer ms.laneMu.Unlock()
+	if p, ok := ms.laneLists[ll]; ok {
+		return p
+	}
+	p := &ll
+	if len(ms.laneLists) < maxLaneLists {
+		if ms.laneLists == nil {
+			ms.laneLists = make(map[laneList]*laneList)
+		}
+		ms.laneLists[ll] = p
+	}
+	return p
 }
+
+func (hs *holderState) laneNames() []string { return hs.lanes.Load().slice() }
+
+func (ll *laneList) slice() []string { return ll.names[:ll.n] }
 
 // lane returns the lane of tier, adding it when create is set; -1 when
 // absent, or when the holder has maxTiers lanes.
@@ -71,10 +92,12 @@ func (hs *holderState) lane(tier string, create bool) int {
 	if !create || len(names) >= maxTiers {
 		return -1
 	}
-	next := &laneList{n: len(names) + 1}
+	next := laneList{n: len(names) + 1}
 	copy(next.names[:], names)
 	next.names[len(names)] = tier
-	hs.lanes.Store(next)
+	ll := hs.ms.internLanes(next)
+	hs.lanes.Store(ll)
+	hs.ms.reg.set(hs.id, &holderRef{h: hs.h, born: hs.born, lanes: ll, hs: hs})
 	if tier == TierSpeculative {
 		hs.guess = len(names)
 	}

@@ -228,7 +228,7 @@ func (ms *modelState) newHolder(h Holder, capacity int64) *holderState {
 	hs := &holderState{ms: ms, h: h, id: id, born: ms.releases.Load(), guess: -1}
 	hs.lanes.Store(&laneList{})
 	hs.capacity.Store(capacity)
-	ms.reg.set(id, hs)
+	ms.reg.set(id, &holderRef{h: h, born: hs.born, lanes: hs.lanes.Load(), hs: hs})
 	ms.holders.Store(h, hs)
 	list := *ms.list.Load()
 	next := make([]*holderState, len(list), len(list)+1)
@@ -301,18 +301,12 @@ func (ix *Index) Store(b Blocks) {
 		return
 	}
 	ms := hs.ms
-	ids := ms.resolve(keys, hs.scratch[:0])
+	ids := ms.resolve(keys, hs.scratch[:0], hs.heldWord(lane))
 	hs.scratch = ids
 	q, ghosts := hs.queueOf(lane)
 	var added int64
 	for j, k := range keys {
-		id := ids[j]
-		old, ok := ms.update(hs, id, k, lane, opStore)
-		for !ok {
-			// Freed since it was found: its last holder left it.
-			id = ms.resolve(keys[j:j+1], ids[len(ids):])[0]
-			old, ok = ms.update(hs, id, k, lane, opStore)
-		}
+		id, old := ms.hold(hs, ids[j], k, lane)
 		held := old&laneBit(lane) != 0
 		if group != 0 || len(hs.groups) > 0 {
 			hs.addGroup(id, lane, group, held)
@@ -337,14 +331,40 @@ func (ix *Index) Store(b Blocks) {
 	}
 }
 
+// freshBit marks an id resolve made, published with its first holding.
+// Entry ids stay below it: 2^31 entries would be 32 GiB of arena.
+const freshBit = 1 << 31
+
+// heldWord is the holder word of a block hs alone holds, in lane.
+func (hs *holderState) heldWord(lane int) uint64 {
+	return kindOne | mkElem(hs.id, laneBit(lane))<<oneShift
+}
+
+// hold stores (the block of) key in lane for hs at id, which resolve gave,
+// and returns its id and hs's bits there before.
+func (ms *modelState) hold(hs *holderState, id uint32, key uint64, lane int) (uint32, uint64) {
+	for {
+		if id&freshBit != 0 {
+			return id &^ freshBit, 0
+		}
+		if old, ok := ms.update(hs, id, key, lane, opStore); ok {
+			return id, old
+		}
+		// Freed since it was found: its last holder left it.
+		id = ms.resolve([]uint64{key}, hs.scratch[len(hs.scratch):], hs.heldWord(lane))[0]
+	}
+}
+
 // resolve appends to dst the entry ids of keys, making entries for those
-// that have none.
-func (ms *modelState) resolve(keys []uint64, dst []uint32) []uint32 {
+// that have none, published with the holder word init and marked with
+// freshBit.
+func (ms *modelState) resolve(keys []uint64, dst []uint32, init uint64) []uint32 {
 	base := len(dst)
 	missing := 0
+	id := tomb
 	for _, k := range keys {
-		id, ok := ms.find(k)
-		if !ok {
+		var en *entry
+		if id, en = ms.follow(id, k); en == nil {
 			id = tomb
 			missing++
 		}
@@ -367,7 +387,8 @@ func (ms *modelState) resolve(keys []uint64, dst []uint32) []uint32 {
 		}
 		id, ok := ms.insert(k, made[i])
 		if ok {
-			ms.entry(id).unlock(kindNone)
+			ms.entry(id).unlock(init)
+			id |= freshBit
 		} else {
 			// Another writer made k's entry meanwhile (or k came twice).
 			ms.releaseEntry(made[i])
@@ -450,9 +471,20 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 	ms := hs.ms
 	_, ghosts := hs.queueOf(lane)
 	var n int64
+	plain := group == 0 && len(hs.groups) == 0
+	id := tomb
 	for _, k := range keys {
-		id, ok := ms.find(k)
-		if !ok {
+		var en *entry
+		if id, en = ms.follow(id, k); en == nil {
+			continue
+		}
+		if plain {
+			// Group 0 of holdings of group 0 alone: the write says
+			// whether there was one.
+			if old, _ := ms.update(hs, id, k, lane, opRemove); old&laneBit(lane) != 0 {
+				*ghosts++
+				n++
+			}
 			continue
 		}
 		if b, ok := ms.ownBits(hs, id, k); !ok || b&laneBit(lane) == 0 || !hs.removeGroup(id, lane, group) {

@@ -34,7 +34,7 @@ func checkInvariants(t *testing.T, ix *Index, op int) {
 		byID := make(map[uint32]*holderState)
 		for _, hs := range list {
 			// 1. Registry: each listed holder has its id, and only it.
-			if ms.reg.at(hs.id) != hs || byID[hs.id] != nil {
+			if ref := ms.reg.at(hs.id); ref == nil || ref.hs != hs || ref.h != hs.h || ref.born != hs.born || ref.lanes != hs.lanes.Load() || byID[hs.id] != nil {
 				fail("%s %v: id %d not its own", model, hs.h, hs.id)
 			}
 			byID[hs.id] = hs

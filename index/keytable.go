@@ -69,6 +69,30 @@ func (ms *modelState) findEntry(key uint64) (uint32, *entry) {
 	}
 }
 
+// follow returns key's entry and its id, trying first the entries beside
+// prev (tomb: none): a chain one store made has consecutive ids, so a walk
+// along a prompt mostly finds each block beside the last, without the key
+// table. A guessed entry counts only with holders: one made for key and
+// not yet published has none.
+func (ms *modelState) follow(prev uint32, key uint64) (uint32, *entry) {
+	if prev != tomb {
+		dir := *ms.arena.Load()
+		// After prev, for a walk along a prompt; before it, for a removal
+		// of a chain leaf first, as engines report evictions.
+		for _, g := range [2]uint32{prev + 1, prev - 1} {
+			if c, off := chunkOf(g); c < len(dir) {
+				en := &dir[c][off]
+				if en.key.Load() == key {
+					if k := en.word.Load() & kindMask; k == kindOne || k == kindSet {
+						return g, en
+					}
+				}
+			}
+		}
+	}
+	return ms.findEntry(key)
+}
+
 // insert publishes id as key's entry, unless key has one: then it returns
 // that one and false.
 func (ms *modelState) insert(key uint64, id uint32) (uint32, bool) {

@@ -1,6 +1,11 @@
 package index
 
-import "math/bits"
+import (
+	"cmp"
+	"math/bits"
+	"slices"
+	"unsafe"
+)
 
 // Lookup sets res.Hits to one Hit per holder of model that holds a
 // non-empty prefix of keys, in no particular order. keys are a prompt's
@@ -21,7 +26,12 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 		return
 	}
 	out.ms, out.r0 = ms, ms.releases.Load()
-	v, ok := ms.view(keys[0])
+	id, en := ms.findEntry(keys[0])
+	var v view
+	ok := en != nil
+	if ok {
+		v, ok = ms.readEntry(en, keys[0])
+	}
 	if !ok {
 		res.Hits = out.hits
 		return
@@ -32,11 +42,11 @@ func (ix *Index) Lookup(model string, keys []uint64, res *Result) {
 	j := 1
 walk:
 	for j < len(keys) && (sc.count > 0 || len(sc.sp) > 0) {
-		// The entries of a batch of blocks are found first: the probes
-		// are independent, so their cache misses overlap.
+		// The entries of a batch of blocks are found first: those the key
+		// table gives are independent probes, whose cache misses overlap.
 		n := min(len(keys)-j, len(sc.ens))
 		for i, k := range keys[j : j+n] {
-			_, sc.ens[i] = ms.findEntry(k)
+			id, sc.ens[i] = ms.follow(id, k)
 		}
 		for i := range n {
 			if sc.ens[i] == nil {
@@ -163,28 +173,48 @@ func (sc *scan) undense() {
 	sc.count = 0
 }
 
-// step narrows the candidates to the holders of block j, v.
+// step narrows the candidates to the holders of block j, v. Tracks are
+// kept sorted by id, so that a small set is merged with them in one pass.
 func (sc *scan) step(v view, j int, out *emitter) {
-	n := len(sc.sp)
-	for i := 0; i < n; i++ {
+	w := 0
+	var es []elem
+	small := v.set != nil && !v.set.large()
+	if small {
+		es = v.set.small
+	}
+	e := 0
+	for i := range sc.sp {
 		t := &sc.sp[i]
-		m := v.heldOf(t.id)
+		var m uint8
+		switch {
+		case small:
+			for e < len(es) && elemID(es[e]) < t.id {
+				e++
+			}
+			if e < len(es) && elemID(es[e]) == t.id {
+				m = elemHeld(es[e])
+			}
+		default:
+			m = v.heldOf(t.id)
+		}
 		if m == 0 {
 			out.track(t, j)
-			n--
-			sc.sp[i] = sc.sp[n]
-			i--
 			continue
 		}
 		for died := t.alive &^ m; died != 0; died &= died - 1 {
 			t.at[bits.TrailingZeros8(died)] = int32(j)
 		}
 		t.alive &= m
+		if w != i {
+			sc.sp[w] = *t
+		}
+		w++
 	}
-	sc.sp = sc.sp[:n]
+	sc.sp = sc.sp[:w]
 	if sc.count == 0 {
 		return
 	}
+	had := len(sc.sp)
 	if s := v.set; s != nil && s.large() {
 		sc.stepLarge(s, j, out)
 	} else {
@@ -192,6 +222,9 @@ func (sc *scan) step(v view, j int, out *emitter) {
 	}
 	if sc.count > 0 && sc.count < denseMin {
 		sc.undense()
+	}
+	if had > 0 && len(sc.sp) > had {
+		slices.SortFunc(sc.sp, func(a, b track) int { return cmp.Compare(a.id, b.id) })
 	}
 }
 
@@ -212,10 +245,7 @@ func (sc *scan) stepLarge(s *holderSet, j int, out *emitter) {
 			}
 		}
 		stay := a & u
-		for leave := a &^ stay; leave != 0; leave &= leave - 1 {
-			bit := leave & -leave
-			out.dense(uint32(w*64+bits.TrailingZeros64(leave)), j, sc.bornAt(w, bit))
-		}
+		out.denseWord(sc, w, a&^stay, j)
 		// Candidates a lane of which stops here while they go on.
 		var died uint64
 		for m := sc.laneMask; m != 0; m &= m - 1 {
@@ -257,9 +287,7 @@ func (sc *scan) stepSmall(v view, j int, out *emitter) {
 		}
 	}
 	for w, a := range sc.any {
-		for ; a != 0; a &= a - 1 {
-			out.dense(uint32(w*64+bits.TrailingZeros64(a)), j, sc.bornAt(w, a&-a))
-		}
+		out.denseWord(sc, w, a, j)
 		sc.any[w] = 0
 	}
 	sc.count = 0
@@ -293,9 +321,7 @@ func (sc *scan) finish(n int, out *emitter) {
 	sc.sp = sc.sp[:0]
 	if sc.count > 0 {
 		for w, a := range sc.any {
-			for ; a != 0; a &= a - 1 {
-				out.dense(uint32(w*64+bits.TrailingZeros64(a)), n, sc.bornAt(w, a&-a))
-			}
+			out.denseWord(sc, w, a, n)
 		}
 		sc.count = 0
 	}
@@ -307,6 +333,7 @@ type emitter struct {
 	r0    uint64
 	hits  []Hit
 	names []string // the lanes of the holder of the last hit
+	touch uint64   // what denseWord's early loads read, kept so they stay
 }
 
 func (o *emitter) track(t *track, prefix int) {
@@ -326,8 +353,35 @@ func (o *emitter) track(t *track, prefix int) {
 	o.setTiers(hit, tps)
 }
 
-func (o *emitter) dense(id uint32, prefix int, lanes uint8) {
-	hit := o.next(id, prefix)
+// denseWord emits the dense candidates of word w in mask, with prefix.
+// Their registry records are loaded first, in a loop of independent
+// loads, so that the cache misses of a word's holders overlap.
+func (o *emitter) denseWord(sc *scan, w int, mask uint64, prefix int) {
+	if mask == 0 {
+		return
+	}
+	var refs [64]*holderRef
+	n := 0
+	for m := mask; m != 0; m &= m - 1 {
+		refs[n] = o.ms.reg.at(uint32(w*64 + bits.TrailingZeros64(m)))
+		n++
+	}
+	var touch uint64
+	for _, ref := range refs[:n] {
+		if ref != nil {
+			touch += ref.born
+		}
+	}
+	o.touch += touch
+	i := 0
+	for m := mask; m != 0; m &= m - 1 {
+		o.dense(refs[i], prefix, sc.bornAt(w, m&-m))
+		i++
+	}
+}
+
+func (o *emitter) dense(ref *holderRef, prefix int, lanes uint8) {
+	hit := o.nextRef(ref, prefix)
 	if hit == nil {
 		return
 	}
@@ -341,8 +395,14 @@ func (o *emitter) dense(id uint32, prefix int, lanes uint8) {
 // next returns the hit of holder id, or nil when the id is not one
 // holder's throughout the lookup.
 func (o *emitter) next(id uint32, prefix int) *Hit {
-	hs := o.ms.holderAt(id, o.r0)
-	if hs == nil {
+	return o.nextRef(o.ms.reg.at(id), prefix)
+}
+
+// nextRef is next with the holder's registry record, read already.
+func (o *emitter) nextRef(ref *holderRef, prefix int) *Hit {
+	if ref == nil || ref.born > o.r0 {
+		// No holder, or one that got its id after the lookup began (see
+		// modelState.holderAt).
 		return nil
 	}
 	if len(o.hits) < cap(o.hits) {
@@ -354,12 +414,18 @@ func (o *emitter) next(id uint32, prefix int) *Hit {
 	// A reused Result mostly gets back the holders and tiers it had:
 	// skipping pointer writes that change nothing spares the write
 	// barriers they cost while the GC marks.
-	if hit.Holder != hs.h {
-		hit.Holder = hs.h
+	if !sameHolder(hit.Holder, ref.h) {
+		hit.Holder = ref.h
 	}
 	hit.Prefix = prefix
-	o.names = hs.laneNames()
+	o.names = ref.lanes.slice()
 	return hit
+}
+
+// sameHolder reports whether a and b are one holder by the same string:
+// a comparison of contents would cost more than the write it spares.
+func sameHolder(a, b Holder) bool {
+	return a.Rank == b.Rank && len(a.Pod) == len(b.Pod) && unsafe.StringData(a.Pod) == unsafe.StringData(b.Pod)
 }
 
 func (o *emitter) appendTier(tps []TierPrefix, lane int, n int) []TierPrefix {
@@ -401,14 +467,18 @@ func (ix *Index) Run(model string, h Holder, keys []uint64, start int, tiers []s
 	}
 	mask := hs.lanesOf(tiers)
 	n := 0
+	id := tomb
 	for _, k := range keys[start:] {
-		v, ok := ms.view(k)
-		if !ok || v.heldOf(hs.id)&mask == 0 {
+		var en *entry
+		if id, en = ms.follow(id, k); en == nil {
+			break
+		}
+		if v, ok := ms.readEntry(en, k); !ok || v.heldOf(hs.id)&mask == 0 {
 			break
 		}
 		n++
 	}
-	if ms.reg.at(hs.id) != hs {
+	if ms.reg.holder(hs.id) != hs {
 		// hs left meanwhile, its id maybe another holder's.
 		return 0
 	}
@@ -429,8 +499,8 @@ func (ix *Index) Holders(model string, key uint64, dst []Holder) []Holder {
 		return dst
 	}
 	add := func(id uint32) {
-		if hs := ms.holderAt(id, r0); hs != nil {
-			dst = append(dst, hs.h)
+		if ref := ms.holderAt(id, r0); ref != nil {
+			dst = append(dst, ref.h)
 		}
 	}
 	switch s := v.set; {

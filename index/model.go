@@ -31,6 +31,10 @@ type modelState struct {
 	// Index.models, under mu; a holder made in it would be lost.
 	dead bool
 
+	// laneLists has the lane lists holders share (internLanes).
+	laneMu    sync.Mutex
+	laneLists map[laneList]*laneList
+
 	keys [keyShards]keyShard
 
 	// allocMu guards the arena's and set table's growth and free lists.
@@ -252,14 +256,26 @@ func (ms *modelState) freeSet(slot uint32) {
 }
 
 // registry maps holder ids to holders, for readers: chunks of pointers,
-// so that a new holder copies nothing.
+// so that a new holder copies nothing. Each names a holderRef, what a
+// lookup reads of the holder it reports, small and made in the order
+// holders come, so that a lookup of many holders reads them from few
+// cache lines.
 type registry struct {
 	dir atomic.Pointer[[]regChunk]
 }
 
-type regChunk = []atomic.Pointer[holderState]
+// holderRef is what the registry keeps of a holder; replaced whole when
+// its lanes change.
+type holderRef struct {
+	h     Holder
+	born  uint64 // ms.releases when it got its id (see holderAt)
+	lanes *laneList
+	hs    *holderState
+}
 
-func (r *registry) at(id uint32) *holderState {
+type regChunk = []atomic.Pointer[holderRef]
+
+func (r *registry) at(id uint32) *holderRef {
 	dir := *r.dir.Load()
 	c, off := chunkOf(id)
 	if c >= len(dir) {
@@ -268,20 +284,29 @@ func (r *registry) at(id uint32) *holderState {
 	return dir[c][off].Load()
 }
 
-// set names hs (nil: none) by id. The model's mu is held.
-func (r *registry) set(id uint32, hs *holderState) {
+// holder returns the holder with id, nil for none.
+func (r *registry) holder(id uint32) *holderState {
+	if ref := r.at(id); ref != nil {
+		return ref.hs
+	}
+	return nil
+}
+
+// set names ref (nil: none) by id. The model's mu is held, or the
+// holder's while it lives (its lanes changed).
+func (r *registry) set(id uint32, ref *holderRef) {
 	growChunks(&r.dir, id)
 	c, off := chunkOf(id)
-	(*r.dir.Load())[c][off].Store(hs)
+	(*r.dir.Load())[c][off].Store(ref)
 }
 
 // holderAt returns the holder with id if it had the id before a reader
 // that loaded releases r0 started: an id freed and given again since may
 // have the blocks of the holder before it in what the reader saw.
-func (ms *modelState) holderAt(id uint32, r0 uint64) *holderState {
-	hs := ms.reg.at(id)
-	if hs == nil || hs.born > r0 {
+func (ms *modelState) holderAt(id uint32, r0 uint64) *holderRef {
+	ref := ms.reg.at(id)
+	if ref == nil || ref.born > r0 {
 		return nil
 	}
-	return hs
+	return ref
 }

@@ -452,9 +452,7 @@ func (ix *Index) restore(hs *holderState, sh savedHolder, d *decoder) {
 	var added int64
 	for _, hd := range sh.holdings {
 		lane := lanes[hd.tier]
-		key := []uint64{hd.key}
-		id := ms.resolve(key, hs.scratch[:0])[0]
-		old, _ := ms.update(hs, id, hd.key, lane, opStore)
+		id, old := ms.hold(hs, ms.resolve([]uint64{hd.key}, hs.scratch[:0], hs.heldWord(lane))[0], hd.key, lane)
 		if old&laneBit(lane) != 0 {
 			d.fail("holder %v: key %#x twice in tier %q", sh.h, hd.key, sh.tiers[hd.tier])
 			return
