@@ -45,10 +45,12 @@
 //     of the holdings and 64).
 //   - A lookup (lookup.go) takes the holders of the prompt's first block
 //     as the candidates (as bitsets when they are many: a system prompt
-//     every holder holds) and walks the prompt once, one probe a block,
-//     narrowing them: a candidate leaves at the first block it holds in no
-//     tier. A block whose holder set is the one before's costs one
-//     comparison; many candidates leave a word of bitsets at a time.
+//     every holder holds) and walks the prompt once narrowing them: a
+//     candidate leaves at the first block it holds in no tier. Each block
+//     is looked for first beside the one before in the arena (a chain a
+//     store made has consecutive ids), then in the key table. A block
+//     whose holder set is the one before's costs one comparison; many
+//     candidates leave a word of bitsets at a time.
 //   - Snapshots: snapshot.go (format 3) and snapshot_v2.go (formats 1, 2).
 //   - model.go has a model's state, index.go the writes, speculative.go
 //     the router's guesses, holderlist.go the listings.

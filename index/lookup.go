@@ -14,7 +14,7 @@ import (
 // allocate once res has grown to the number of hits.
 //
 // The holders of keys[0] are the candidates; the lookup walks the prompt
-// once, one probe a block, and narrows them: a holder leaves at the first
+// once, a probe a block at most, and narrows them: a holder leaves at the first
 // block it holds in no tier, and each of its tiers at the first block
 // that tier lacks. Its cost follows the prompt and the holders of its
 // first block, not the model's holders.
@@ -150,6 +150,10 @@ func grow(ws []uint64, n int) []uint64 {
 
 // bornAt returns the lanes of dense candidate id.
 func (sc *scan) bornAt(w int, bit uint64) uint8 {
+	if sc.laneMask&(sc.laneMask-1) == 0 {
+		// One lane, the common case: every dense candidate has it.
+		return sc.laneMask
+	}
 	var b uint8
 	for m := sc.laneMask; m != 0; m &= m - 1 {
 		l := bits.TrailingZeros8(m)
@@ -245,6 +249,10 @@ func (sc *scan) stepLarge(s *holderSet, j int, out *emitter) {
 			}
 		}
 		stay := a & u
+		if stay == a && sc.laneMask&(sc.laneMask-1) == 0 && held[bits.TrailingZeros8(sc.laneMask)]&a == a {
+			// Every candidate here holds this block in its one lane.
+			continue
+		}
 		out.denseWord(sc, w, a&^stay, j)
 		// Candidates a lane of which stops here while they go on.
 		var died uint64
