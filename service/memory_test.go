@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -167,3 +168,19 @@ func BenchmarkIndexMemoryBudget(b *testing.B) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// --index-share-threshold did something before the block-major index:
+// command lines that pass it still start, and are told it does nothing.
+func TestTheRetiredIndexShareThresholdIsAcceptedWithAWarning(t *testing.T) {
+	cfg, err := parseFlags([]string{"--index-share-threshold", "64"}, io.Discard)
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	indexConfig(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+	require.Contains(t, buf.String(), "--index-share-threshold is deprecated and has no effect")
+
+	cfg, err = parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	buf.Reset()
+	indexConfig(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+	require.Empty(t, buf.String())
+}
