@@ -437,6 +437,11 @@ func sameHolder(a, b Holder) bool {
 }
 
 func (o *emitter) appendTier(tps []TierPrefix, lane int, n int) []TierPrefix {
+	if lane >= len(o.names) {
+		// Not reachable: a holder's record names a lane before any entry
+		// has a bit of it. Checked, so that no reader can panic.
+		return tps
+	}
 	tier := o.names[lane]
 	if len(tps) == cap(tps) {
 		return append(tps, TierPrefix{Tier: tier, Blocks: n})
