@@ -481,13 +481,28 @@ func (ix *Index) Remove(model string, h Holder, tier string, group int, keys []u
 		if plain {
 			// Group 0 of holdings of group 0 alone: the write says
 			// whether there was one.
-			if old, _ := ms.update(hs, id, k, lane, opRemove); old&laneBit(lane) != 0 {
+			old, ok := ms.update(hs, id, k, lane, opRemove)
+			if !ok {
+				// The entry left k meanwhile: ask the key table.
+				if id, en = ms.findEntry(k); en == nil {
+					continue
+				}
+				old, _ = ms.update(hs, id, k, lane, opRemove)
+			}
+			if old&laneBit(lane) != 0 {
 				*ghosts++
 				n++
 			}
 			continue
 		}
-		if b, ok := ms.ownBits(hs, id, k); !ok || b&laneBit(lane) == 0 || !hs.removeGroup(id, lane, group) {
+		b, ok := ms.ownBits(hs, id, k)
+		if !ok {
+			if id, en = ms.findEntry(k); en == nil {
+				continue
+			}
+			b, ok = ms.ownBits(hs, id, k)
+		}
+		if !ok || b&laneBit(lane) == 0 || !hs.removeGroup(id, lane, group) {
 			continue
 		}
 		ms.update(hs, id, k, lane, opRemove)

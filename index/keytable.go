@@ -82,8 +82,10 @@ func (ms *modelState) follow(prev uint32, key uint64) (uint32, *entry) {
 		for _, g := range [2]uint32{prev + 1, prev - 1} {
 			if c, off := chunkOf(g); c < len(dir) {
 				en := &dir[c][off]
+				// The key again after the word: a freed entry keeps its
+				// key until it is reused, and reuse sets the word first.
 				if en.key.Load() == key {
-					if k := en.word.Load() & kindMask; k == kindOne || k == kindSet {
+					if k := en.word.Load() & kindMask; (k == kindOne || k == kindSet) && en.key.Load() == key {
 						return g, en
 					}
 				}

@@ -227,7 +227,9 @@ func (sc *scan) step(v view, j int, out *emitter) {
 	if sc.count > 0 && sc.count < denseMin {
 		sc.undense()
 	}
-	if had > 0 && len(sc.sp) > had {
+	// stepLarge and undense each append tracks in order, one run after
+	// the other and after those kept.
+	if len(sc.sp) > had {
 		slices.SortFunc(sc.sp, func(a, b track) int { return cmp.Compare(a.id, b.id) })
 	}
 }

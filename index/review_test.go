@@ -2,6 +2,7 @@ package index
 
 import (
 	"encoding/binary"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -96,4 +97,31 @@ func TestASetSlotGivenBackChangesItsWord(t *testing.T) {
 	require.Equal(t, w0>>setSlotShift, w1>>setSlotShift, "the same slot, given back")
 	require.NotEqual(t, w0, w1)
 	checkInvariants(t, ix, 0)
+}
+
+// A step that makes tracks both of candidates losing a lane and of the
+// dense rest appends two ordered runs: the tracks must still be merged
+// with the next small set by id. (Found by review: H0, H5 and H9 got a
+// prefix of 2, not 3.)
+func TestTracksMadeTwiceInOneStepStaySorted(t *testing.T) {
+	ix := New(Config{MaxHolderBlocks: -1})
+	k := chain(31, 3)
+	hs := make([]Holder, 140)
+	for i := range hs {
+		hs[i] = Holder{Pod: fmt.Sprintf("10.50.0.%d:8000", i)}
+	}
+	for i := range 70 {
+		ix.Store(Blocks{Model: "m", Holder: hs[i], Tier: TierGPU, Keys: k[:1]})
+	}
+	ix.Store(Blocks{Model: "m", Holder: hs[69], Tier: TierCPU, Keys: k[:1]})
+	for i := 70; i < 140; i++ {
+		ix.Store(Blocks{Model: "m", Holder: hs[i], Tier: TierGPU, Keys: k[1:2]})
+	}
+	for _, i := range []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 69} {
+		ix.Store(Blocks{Model: "m", Holder: hs[i], Tier: TierGPU, Keys: k[1:]})
+	}
+	var res Result
+	ix.Lookup("m", k, &res)
+	require.Equal(t, oracleLookup(ix, "m", k), hitsByHolder(&res))
+	require.Equal(t, 3, res.Holder(hs[5]).Prefix)
 }
